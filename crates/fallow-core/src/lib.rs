@@ -1,0 +1,23 @@
+//! fallow's vocabulary, shared by every other crate: what a page is, how it is named, what
+//! kinds of pool exist, and the [`PageStore`] trait that the in-process engine
+//! (`fallow-pool`) implements today and the network client will implement next, so that a
+//! caller can swap one for the other.
+//!
+//! This crate does no I/O and has no runtime. The full contract of every operation is in
+//! `docs/semantics.md`.
+//!
+//! # Components
+//! [`PageKey`] names a page; [`PoolSpec`] describes a pool to create; [`PageStore`] is the
+//! tmem operation set; [`StoreError`], [`PutOutcome`] and [`Lookup`] are its results.
+
+mod key;
+mod pool;
+mod store;
+
+pub use key::{ObjectId, PageIndex, PageKey, PoolId};
+pub use pool::{DedupScope, PoolKind, PoolSpec, Sharing, TrustDomain};
+pub use store::{check_batch, check_page, Lookup, NotStored, PageStore, PutOutcome, StoreError};
+
+/// The size of every page in a pool, in bytes. Fixed: the arena, the checksums, the wire
+/// protocol and the NBD cache all count in these units.
+pub const PAGE_SIZE: usize = 4096;

@@ -1,0 +1,59 @@
+//! The background compressor: a thread that periodically compresses pages that stayed
+//! cold (not read since its previous look), so compression never runs on a put or a get.
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::engine::Inner;
+
+/// A running compressor thread; dropping it stops and joins the thread.
+pub struct Compressor {
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Compressor {
+    /// Starts a thread that compresses up to `batch` pages every `every`.
+    pub(crate) fn start(inner: Arc<Inner>, every: Duration, batch: usize) -> Self {
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("fallow-compress".into())
+            .spawn(move || {
+                let (lock, cvar) = &*flag;
+                let mut stopped = lock.lock();
+                while !*stopped {
+                    cvar.wait_for(&mut stopped, every);
+                    if *stopped {
+                        break;
+                    }
+                    // The store lock is taken without holding `stopped`'s mutex for long:
+                    // a pass of `batch` pages holds the store lock for ~batch × 5 µs.
+                    drop(stopped);
+                    let done = inner.store.lock().compress_pass(batch);
+                    if done > 0 {
+                        tracing::trace!(done, "compressed cold pages");
+                    }
+                    stopped = lock.lock();
+                }
+            })
+            .ok();
+        if thread.is_none() {
+            tracing::warn!("could not start the compressor thread; compression stays off");
+        }
+        Self { stop, thread }
+    }
+}
+
+impl Drop for Compressor {
+    fn drop(&mut self) {
+        *self.stop.0.lock() = true;
+        self.stop.1.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

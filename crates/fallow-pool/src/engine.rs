@@ -1,0 +1,543 @@
+//! The engine: pools, the sharded index and the content store behind one [`PageStore`].
+//!
+//! ```text
+//!  put(key, page) ─ fill? hash, crc (no lock) ─▶ shard[hash(key)] ─▶ store ─▶ arena frame
+//!  get(key)       ─────────────────────────────▶ shard[hash(key)] ─▶ store ─▶ copy + crc check
+//! ```
+//!
+//! # Locking
+//! Lock order: `shards[i]` (ascending `i` when several are held) → `store` → `pools`
+//! (read). None is held across a call back into user code. See `docs/concurrency.md`.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::{Mutex, MutexGuard, RwLock};
+
+use fallow_core::{
+    check_batch, check_page, Lookup, NotStored, ObjectId, PageKey, PageStore, PoolId, PoolSpec,
+    PutOutcome, StoreError, PAGE_SIZE,
+};
+
+use crate::arena::ArenaFull;
+use crate::compress::Compressor;
+use crate::config::EngineConfig;
+use crate::content::{fill_word, write_fill, Digest};
+use crate::eviction;
+use crate::pools::{PoolCounters, PoolState, PoolTable};
+use crate::shard::{Shard, Slot, Value};
+use crate::stats::{BudgetReport, EngineStats, PoolStats};
+use crate::store::{InternOptions, Read, Store};
+
+/// The in-process page pool. Cheap to share: clone the `Arc` it lives in.
+pub struct Engine {
+    inner: Arc<Inner>,
+    /// Stops and joins the background compressor when the engine is dropped.
+    _compressor: Option<Compressor>,
+}
+
+pub(crate) struct Inner {
+    /// The pool table (see `pools.rs` for its lock rules).
+    pools: RwLock<PoolTable>,
+    /// Index shards, chosen by the high bits of the key hash. `parking_lot` mutexes: each is
+    /// held for one index operation and never across blocking work.
+    shards: Box<[Mutex<Shard>]>,
+    /// Page bytes, checksums, dedup table. Taken after a shard lock, for the copy in or out
+    /// of a frame (≈ 100 ns); a shrink holds it for as long as it drops segments.
+    pub(crate) store: Mutex<Store>,
+    /// The most index entries one shard may hold.
+    entries_per_shard: AtomicUsize,
+    config: EngineConfig,
+}
+
+/// Why a put under the shard lock could not finish.
+enum PutFail {
+    /// This shard had nothing left to evict; others may.
+    NeedReclaim,
+    Refused(NotStored),
+}
+
+impl Engine {
+    /// Starts an engine (and its compressor thread, if configured).
+    pub fn new(config: EngineConfig) -> Self {
+        let frames = config.budget_bytes / PAGE_SIZE;
+        let per_shard = frames.div_ceil(config.shards).max(1);
+        let shards = (0..config.shards)
+            .map(|_| {
+                let policy = eviction::by_name(config.policy, per_shard)
+                    .expect("config.policy was validated by EngineBuilder::build");
+                Mutex::new(Shard::new(policy))
+            })
+            .collect();
+        let inner = Arc::new(Inner {
+            pools: RwLock::new(PoolTable::default()),
+            shards,
+            store: Mutex::new(Store::new(config.budget_bytes)),
+            entries_per_shard: AtomicUsize::new(per_shard * config.entries_per_frame),
+            config,
+        });
+        let compressor = inner
+            .config
+            .compress_interval
+            .map(|every| Compressor::start(inner.clone(), every, inner.config.compress_batch));
+        tracing::info!(
+            budget_bytes = inner.config.budget_bytes,
+            shards = inner.config.shards,
+            policy = inner.config.policy,
+            "page pool engine started"
+        );
+        Self { inner, _compressor: compressor }
+    }
+
+    /// The configuration this engine runs with.
+    pub fn config(&self) -> &EngineConfig {
+        &self.inner.config
+    }
+
+    /// Changes the lent budget while running. Growing maps segments on demand; shrinking
+    /// drops ephemeral pages and returns whole segments to the OS at once. Persistent pages
+    /// are never dropped: when they alone exceed the new budget, the report says by how
+    /// many frames (`pinned_over_budget`) and a warning is logged.
+    pub fn set_budget(&self, budget_bytes: usize) -> BudgetReport {
+        let start = Instant::now();
+        let shrink = self.inner.store.lock().set_budget(budget_bytes);
+        let elapsed = start.elapsed();
+        let frames = budget_bytes / PAGE_SIZE;
+        let per_shard = frames.div_ceil(self.inner.shards.len()).max(1);
+        self.inner
+            .entries_per_shard
+            .store(per_shard * self.inner.config.entries_per_frame, Ordering::Relaxed);
+        for shard in self.inner.shards.iter() {
+            shard.lock().set_capacity(per_shard);
+        }
+        if shrink.pinned_over_budget > 0 {
+            tracing::warn!(
+                budget_bytes,
+                pinned_frames_over = shrink.pinned_over_budget,
+                "persistent pages hold more than the new budget; they are kept"
+            );
+        }
+        tracing::info!(budget_bytes, ?shrink, ?elapsed, "lent budget changed");
+        BudgetReport { shrink, elapsed }
+    }
+
+    /// Compresses up to `max` cold pages of pools with compression on, now. Returns how
+    /// many were compressed. The background thread calls this periodically.
+    pub fn compress_cold(&self, max: usize) -> usize {
+        self.inner.store.lock().compress_pass(max)
+    }
+
+    /// Counters and memory use, for the engine and each pool.
+    pub fn stats(&self) -> EngineStats {
+        self.inner.stats()
+    }
+
+    /// Counters of one pool.
+    pub fn pool_stats(&self, pool: PoolId) -> Result<PoolStats, StoreError> {
+        let state = self.inner.pools.read().get(pool)?;
+        Ok(PoolStats::of(pool, &state))
+    }
+
+    /// Checks every invariant of the index, the policies, the store and the arena, and
+    /// panics on the first broken one. Locks everything: for tests and debug builds.
+    pub fn validate(&self) {
+        self.inner.validate();
+    }
+
+    #[cfg(test)]
+    pub(crate) fn inner(&self) -> &Inner {
+        &self.inner
+    }
+}
+
+/// A well-mixed hash of a key: its high bits pick the shard, all of it feeds the policy.
+fn key_hash(key: &PageKey) -> u64 {
+    let mut b = [0u8; 20];
+    b[..4].copy_from_slice(&key.pool.0.to_le_bytes());
+    b[4..12].copy_from_slice(&key.object.to_le_bytes());
+    b[12..].copy_from_slice(&key.index.to_le_bytes());
+    xxhash_rust::xxh3::xxh3_64(&b)
+}
+
+impl Inner {
+    fn pool(&self, id: PoolId) -> Result<Arc<PoolState>, StoreError> {
+        self.pools.read().get(id)
+    }
+
+    fn shard_of(&self, hash: u64) -> usize {
+        // The shard count is a power of two; the high bits are independent of the low bits
+        // some policies use for their own tables.
+        (hash >> 48) as usize & (self.shards.len() - 1)
+    }
+
+    /// Forgets a removed slot's page: drops its content reference and its pool's count.
+    fn release(&self, store: &mut Store, slot: &Slot, counters: Option<&PoolCounters>) {
+        if let Value::Content(id) = slot.value {
+            store.release(id);
+        }
+        let owned;
+        let counters = match counters {
+            Some(c) => c,
+            None => match self.pools.read().get(slot.key.pool) {
+                Ok(state) => {
+                    owned = state;
+                    &owned.counters
+                }
+                // The pool is being destroyed: nobody reads its counters any more.
+                Err(_) => return,
+            },
+        };
+        counters.pages.fetch_sub(1, Ordering::Relaxed);
+        if matches!(slot.value, Value::Fill(_)) {
+            counters.fill_pages.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Evicts one ephemeral page of `shard`. False when it has none.
+    fn evict_one(&self, shard: &mut Shard, store: &mut Store) -> bool {
+        let Some(victim) = shard.evict_one() else { return false };
+        let state = self.pools.read().get(victim.key.pool).ok();
+        if let Some(state) = &state {
+            PoolCounters::bump(&state.counters.evictions);
+        }
+        self.release(store, &victim, state.as_ref().map(|s| &s.counters));
+        true
+    }
+
+    /// Evicts from every shard but `except` until the store has room for a frame.
+    fn reclaim_elsewhere(&self, except: usize) -> bool {
+        let n = self.shards.len();
+        for i in (1..n).map(|d| (except + d) % n) {
+            let mut shard = self.shards[i].lock();
+            let mut store = self.store.lock();
+            while !store.has_room() {
+                if !self.evict_one(&mut shard, &mut store) {
+                    break;
+                }
+            }
+            if store.has_room() {
+                return true;
+            }
+        }
+        false
+    }
+
+    fn put(&self, key: PageKey, page: &[u8]) -> Result<PutOutcome, StoreError> {
+        check_page(page.len())?;
+        let pool = self.pool(key.pool)?;
+        let fill = fill_word(page);
+        let digest = Digest::of_unless_fill(page, fill, pool.spec.dedup);
+        let hash = key_hash(&key);
+        let s = self.shard_of(hash);
+        let mut result = self.put_locked(&mut self.shards[s].lock(), &pool, key, page, fill, digest, hash);
+        if matches!(result, Ok(Err(PutFail::NeedReclaim))) {
+            // Nothing evictable in this shard: take room from the others (without holding
+            // this shard's lock, to keep the lock order), then try once more.
+            result = if self.reclaim_elsewhere(s) {
+                self.put_locked(&mut self.shards[s].lock(), &pool, key, page, fill, digest, hash)
+            } else {
+                Ok(Err(PutFail::Refused(NotStored::Full)))
+            };
+        }
+        let outcome = match result? {
+            Ok(()) => PutOutcome::Stored,
+            Err(PutFail::NeedReclaim) => PutOutcome::NotStored(NotStored::Full),
+            Err(PutFail::Refused(why)) => PutOutcome::NotStored(why),
+        };
+        match outcome {
+            PutOutcome::Stored => PoolCounters::bump(&pool.counters.puts_stored),
+            PutOutcome::NotStored(_) => PoolCounters::bump(&pool.counters.puts_refused),
+        }
+        Ok(outcome)
+    }
+
+    /// The part of a put that runs under the shard lock (and takes the store lock).
+    #[allow(clippy::too_many_arguments)] // one call site; a struct would only rename them
+    fn put_locked(
+        &self,
+        shard: &mut MutexGuard<'_, Shard>,
+        pool: &PoolState,
+        key: PageKey,
+        page: &[u8],
+        fill: Option<u64>,
+        digest: Digest,
+        hash: u64,
+    ) -> Result<Result<(), PutFail>, StoreError> {
+        // Checked under the shard lock: a destroy marks the pool dead before it sweeps this
+        // shard, so a put that gets here first is swept and one that comes later stops here.
+        if !pool.alive.load(Ordering::Acquire) {
+            return Err(StoreError::UnknownPool(key.pool));
+        }
+        let mut store = self.store.lock();
+        // The old page goes first, whatever happens next: a refused put must not leave an
+        // older page visible.
+        if let Some((id, _)) = shard.lookup(&key) {
+            let old = shard.remove(id);
+            self.release(&mut store, &old, Some(&pool.counters));
+        }
+        let persistent = pool.persistent();
+        if persistent {
+            if let Some(quota) = pool.spec.quota_pages {
+                if pool.counters.pages.load(Ordering::Relaxed) >= quota {
+                    return Ok(Err(PutFail::Refused(NotStored::OverQuota)));
+                }
+            }
+        }
+        let max_entries = self.entries_per_shard.load(Ordering::Relaxed);
+        while shard.len() >= max_entries {
+            if !self.evict_one(shard, &mut store) {
+                return Ok(Err(PutFail::Refused(NotStored::Full)));
+            }
+        }
+        let value = match fill {
+            Some(word) => Value::Fill(word),
+            None => {
+                let opts = InternOptions { pinned: persistent, compressible: pool.spec.compress };
+                loop {
+                    match store.intern(page, digest, opts) {
+                        Ok(id) => break Value::Content(id),
+                        Err(ArenaFull::AtLimit) => {
+                            if !self.evict_one(shard, &mut store) {
+                                return Ok(Err(PutFail::NeedReclaim));
+                            }
+                        }
+                        Err(ArenaFull::MapFailed) => {
+                            return Ok(Err(PutFail::Refused(NotStored::Full)))
+                        }
+                    }
+                }
+            }
+        };
+        shard.insert(Slot { key, value, persistent }, hash);
+        pool.counters.pages.fetch_add(1, Ordering::Relaxed);
+        if fill.is_some() {
+            pool.counters.fill_pages.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(Ok(()))
+    }
+
+    fn get(&self, key: PageKey, out: &mut [u8], remove: bool) -> Result<Lookup, StoreError> {
+        check_page(out.len())?;
+        let pool = self.pool(key.pool)?;
+        let hash = key_hash(&key);
+        let mut shard = self.shards[self.shard_of(hash)].lock();
+        let found = self.read_locked(&mut shard, &pool, key, hash, out, remove);
+        let counter = if found.is_hit() { &pool.counters.hits } else { &pool.counters.misses };
+        PoolCounters::bump(counter);
+        Ok(found)
+    }
+
+    /// A get or take under the shard lock.
+    fn read_locked(
+        &self,
+        shard: &mut Shard,
+        pool: &PoolState,
+        key: PageKey,
+        hash: u64,
+        out: &mut [u8],
+        remove: bool,
+    ) -> Lookup {
+        let Some((id, slot)) = shard.lookup(&key) else { return Lookup::Miss };
+        match slot.value {
+            Value::Fill(word) => write_fill(word, out),
+            Value::Content(content) => {
+                let mut store = self.store.lock();
+                match store.read(content, out) {
+                    Read::Ok => {}
+                    lost => {
+                        let counter = match lost {
+                            Read::Corrupt => &pool.counters.corruptions,
+                            _ => &pool.counters.evictions,
+                        };
+                        PoolCounters::bump(counter);
+                        let slot = shard.remove(id);
+                        self.release(&mut store, &slot, Some(&pool.counters));
+                        return Lookup::Miss;
+                    }
+                }
+                if remove {
+                    let slot = shard.remove(id);
+                    self.release(&mut store, &slot, Some(&pool.counters));
+                    PoolCounters::bump(&pool.counters.invalidations);
+                    return Lookup::Hit;
+                }
+            }
+        }
+        if remove {
+            let slot = shard.remove(id);
+            self.release(&mut self.store.lock(), &slot, Some(&pool.counters));
+            PoolCounters::bump(&pool.counters.invalidations);
+        } else {
+            shard.touch(id, hash);
+        }
+        Lookup::Hit
+    }
+
+    fn invalidate_page(&self, key: PageKey) -> Result<(), StoreError> {
+        let pool = self.pool(key.pool)?;
+        let hash = key_hash(&key);
+        let mut shard = self.shards[self.shard_of(hash)].lock();
+        if let Some((id, _)) = shard.lookup(&key) {
+            let slot = shard.remove(id);
+            self.release(&mut self.store.lock(), &slot, Some(&pool.counters));
+            PoolCounters::bump(&pool.counters.invalidations);
+        }
+        Ok(())
+    }
+
+    /// Removes every page of `pool` with an object in `objects`, shard by shard.
+    fn invalidate_range(
+        &self,
+        pool: PoolId,
+        counters: &PoolCounters,
+        objects: std::ops::RangeInclusive<ObjectId>,
+    ) -> u64 {
+        let mut removed = 0;
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock();
+            let ids = shard.range(pool, objects.clone());
+            if ids.is_empty() {
+                continue;
+            }
+            let mut store = self.store.lock();
+            for id in ids {
+                let slot = shard.remove(id);
+                self.release(&mut store, &slot, Some(counters));
+                removed += 1;
+            }
+        }
+        counters.invalidations.fetch_add(removed, Ordering::Relaxed);
+        removed
+    }
+
+    fn destroy_pool(&self, id: PoolId) -> Result<(), StoreError> {
+        let last = self.pools.write().detach(id)?;
+        if let Some(state) = last {
+            let removed = self.invalidate_range(id, &state.counters, 0..=u64::MAX);
+            tracing::debug!(pool = id.0, removed, "pool destroyed");
+        }
+        Ok(())
+    }
+
+    fn stats(&self) -> EngineStats {
+        let mut metadata = 0;
+        let mut policy = "";
+        for shard in self.shards.iter() {
+            let shard = shard.lock();
+            metadata += shard.heap_bytes();
+            policy = shard.policy_name();
+        }
+        let usage = self.store.lock().usage();
+        let pools: Vec<PoolStats> =
+            self.pools.read().all().iter().map(|(id, s)| PoolStats::of(*id, s)).collect();
+        EngineStats::new(usage, metadata, self.shards.len(), policy, pools)
+    }
+
+    fn validate(&self) {
+        let shards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
+        let store = self.store.lock();
+        let mut refs = std::collections::HashMap::new();
+        let mut pages = std::collections::HashMap::<PoolId, u64>::new();
+        for shard in &shards {
+            shard.validate();
+            for (_, slot) in shard.slots() {
+                *pages.entry(slot.key.pool).or_default() += 1;
+                if let Value::Content(id) = slot.value {
+                    *refs.entry(id).or_insert(0u32) += 1;
+                }
+                let state = self.pools.read().get(slot.key.pool);
+                let state = state.unwrap_or_else(|_| panic!("{:?} in an unknown pool", slot.key));
+                assert_eq!(slot.persistent, state.persistent(), "{:?} has the wrong kind", slot.key);
+            }
+        }
+        store.validate(&refs);
+        for (id, state) in self.pools.read().all() {
+            let counted = pages.get(&id).copied().unwrap_or(0);
+            let recorded = state.counters.pages.load(Ordering::Relaxed);
+            assert_eq!(counted, recorded, "{id}: {counted} pages indexed, {recorded} counted");
+        }
+    }
+}
+
+impl PageStore for Engine {
+    fn create_pool(&self, spec: &PoolSpec) -> Result<PoolId, StoreError> {
+        self.inner.pools.write().create(spec)
+    }
+
+    fn destroy_pool(&self, pool: PoolId) -> Result<(), StoreError> {
+        self.inner.destroy_pool(pool)
+    }
+
+    fn put(&self, key: PageKey, page: &[u8]) -> Result<PutOutcome, StoreError> {
+        self.inner.put(key, page)
+    }
+
+    fn get(&self, key: PageKey, out: &mut [u8]) -> Result<Lookup, StoreError> {
+        self.inner.get(key, out, false)
+    }
+
+    fn take(&self, key: PageKey, out: &mut [u8]) -> Result<Lookup, StoreError> {
+        self.inner.get(key, out, true)
+    }
+
+    fn invalidate_page(&self, key: PageKey) -> Result<(), StoreError> {
+        self.inner.invalidate_page(key)
+    }
+
+    fn invalidate_object(&self, pool: PoolId, object: ObjectId) -> Result<u64, StoreError> {
+        let state = self.inner.pool(pool)?;
+        Ok(self.inner.invalidate_range(pool, &state.counters, object..=object))
+    }
+
+    fn invalidate_pool(&self, pool: PoolId) -> Result<u64, StoreError> {
+        let state = self.inner.pool(pool)?;
+        Ok(self.inner.invalidate_range(pool, &state.counters, 0..=u64::MAX))
+    }
+
+    fn get_many(&self, keys: &[PageKey], out: &mut [u8]) -> Result<Vec<Lookup>, StoreError> {
+        check_batch(keys.len(), out.len())?;
+        self.inner.read_many(keys, out, false)
+    }
+
+    fn take_many(&self, keys: &[PageKey], out: &mut [u8]) -> Result<Vec<Lookup>, StoreError> {
+        check_batch(keys.len(), out.len())?;
+        self.inner.read_many(keys, out, true)
+    }
+}
+
+impl Inner {
+    /// A batched get or take: each shard is locked once for all of its keys.
+    fn read_many(
+        &self,
+        keys: &[PageKey],
+        out: &mut [u8],
+        remove: bool,
+    ) -> Result<Vec<Lookup>, StoreError> {
+        let mut pools: Vec<(PoolId, Arc<PoolState>)> = Vec::new();
+        let mut order: Vec<(usize, u64, usize)> = Vec::with_capacity(keys.len());
+        for (i, key) in keys.iter().enumerate() {
+            if !pools.iter().any(|(id, _)| *id == key.pool) {
+                pools.push((key.pool, self.pool(key.pool)?));
+            }
+            let hash = key_hash(key);
+            order.push((self.shard_of(hash), hash, i));
+        }
+        order.sort_unstable();
+        let mut results = vec![Lookup::Miss; keys.len()];
+        let mut pages: Vec<&mut [u8]> = out.chunks_exact_mut(PAGE_SIZE).collect();
+        for group in order.chunk_by(|a, b| a.0 == b.0) {
+            let mut shard = self.shards[group[0].0].lock();
+            for &(_, hash, i) in group {
+                let key = keys[i];
+                let pool = &pools.iter().find(|(id, _)| *id == key.pool).expect("looked up").1;
+                let found = self.read_locked(&mut shard, pool, key, hash, pages[i], remove);
+                let counter =
+                    if found.is_hit() { &pool.counters.hits } else { &pool.counters.misses };
+                PoolCounters::bump(counter);
+                results[i] = found;
+            }
+        }
+        Ok(results)
+    }
+}

@@ -1,0 +1,89 @@
+//! Eviction policies for ephemeral pages: which resident page leaves when the budget is
+//! spent. One file per policy, one shared conformance suite (`conformance.rs`).
+//!
+//! A policy sees only slot ids (small dense integers handed out by the engine's index) and
+//! a 64-bit hash of each page's key; it never sees keys or page bytes. Persistent pages
+//! are never given to a policy.
+
+/// A dense id for one tracked page. The engine reuses ids of pages that have left, so a
+/// policy may size its per-slot arrays by the largest id it has seen.
+pub type SlotId = u32;
+
+/// Chooses which tracked page leaves next.
+///
+/// Contract (checked by `conformance.rs` for every policy):
+/// * The caller never inserts an id that is tracked, and only touches or removes ids that
+///   are tracked.
+/// * The policy MUST track an inserted id until it is returned by [`Eviction::pop_victim`]
+///   or passed to [`Eviction::remove`], and MUST NOT return an id it does not track.
+/// * [`Eviction::pop_victim`] returns `None` only when nothing is tracked.
+/// * Every method is O(1) amortized.
+pub trait Eviction: Send + 'static {
+    /// A short, stable name (`lru`, `s3fifo`, ...), as accepted by `--policy`.
+    fn name(&self) -> &'static str;
+
+    /// Tells the policy how many pages the cache holds when full; sizes internal queues and
+    /// sketches. May be called at any time (the budget changes while running).
+    fn set_capacity(&mut self, pages: usize);
+
+    /// Starts tracking a page that was just stored. `hash` is a well-mixed hash of its key,
+    /// stable across inserts of the same key (so ghost and frequency history can use it).
+    fn insert(&mut self, id: SlotId, hash: u64);
+
+    /// Records a hit on a tracked page.
+    fn touch(&mut self, id: SlotId, hash: u64);
+
+    /// Stops tracking a page that left for another reason (take, invalidate, overwrite).
+    fn remove(&mut self, id: SlotId);
+
+    /// Chooses a victim, stops tracking it and returns it; `None` only when nothing is
+    /// tracked.
+    fn pop_victim(&mut self) -> Option<SlotId>;
+
+    /// How many pages are tracked.
+    fn len(&self) -> usize;
+
+    /// True when nothing is tracked.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes of heap the policy holds (queues, sketches, ghosts), for the metadata report.
+    fn heap_bytes(&self) -> usize;
+
+    /// Panics if an internal invariant is broken. For tests and fuzzing; O(n).
+    fn validate(&self);
+}
+
+mod ghost;
+mod list;
+mod lru;
+mod s3fifo;
+mod sketch;
+mod wtinylfu;
+
+#[cfg(test)]
+mod conformance;
+
+pub use lru::Lru;
+pub use s3fifo::S3Fifo;
+pub use wtinylfu::{WTinyLfu, WindowSizing};
+
+/// Every name [`by_name`] accepts.
+pub const POLICY_NAMES: &[&str] = &["lru", "s3fifo", "wtinylfu"];
+
+/// The policy a pool uses unless configured otherwise.
+pub const DEFAULT_POLICY: &str = "wtinylfu";
+
+/// Builds the policy called `name` for a cache of `capacity` pages; `None` for an unknown
+/// name.
+pub fn by_name(name: &str, capacity: usize) -> Option<Box<dyn Eviction>> {
+    let policy: Box<dyn Eviction> = match name {
+        "lru" => Box::new(Lru::new()),
+        "s3fifo" => Box::new(S3Fifo::new(capacity)),
+        "wtinylfu" => Box::new(WTinyLfu::new(capacity)),
+        "wtinylfu-ghost" => Box::new(WTinyLfu::with_sizing(capacity, WindowSizing::Ghosts)),
+        _ => return None,
+    };
+    Some(policy)
+}

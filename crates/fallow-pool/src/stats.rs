@@ -1,0 +1,139 @@
+//! What the engine reports about itself: per-pool counters and memory use.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use fallow_core::{PoolId, PoolKind, PAGE_SIZE};
+
+use crate::pools::PoolState;
+use crate::store::{ShrinkReport, StoreUsage};
+
+/// Counters of one pool, read at one moment (each counter is exact; the set is not a
+/// consistent snapshot while other threads work).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolStats {
+    /// The pool.
+    pub pool: PoolId,
+    /// Its kind.
+    pub kind: PoolKind,
+    /// Logical pages stored.
+    pub pages: u64,
+    /// Of those, pages that cost no frame because they are same-filled.
+    pub fill_pages: u64,
+    /// Gets and takes that hit.
+    pub hits: u64,
+    /// Gets and takes that missed.
+    pub misses: u64,
+    /// Puts stored.
+    pub puts_stored: u64,
+    /// Puts refused or dropped.
+    pub puts_refused: u64,
+    /// Pages evicted or dropped to give memory back.
+    pub evictions: u64,
+    /// Pages removed by take or invalidate.
+    pub invalidations: u64,
+    /// Reads whose checksum failed.
+    pub corruptions: u64,
+}
+
+impl PoolStats {
+    pub(crate) fn of(pool: PoolId, state: &PoolState) -> Self {
+        let c = &state.counters;
+        Self {
+            pool,
+            kind: state.spec.kind,
+            pages: c.pages.load(Relaxed),
+            fill_pages: c.fill_pages.load(Relaxed),
+            hits: c.hits.load(Relaxed),
+            misses: c.misses.load(Relaxed),
+            puts_stored: c.puts_stored.load(Relaxed),
+            puts_refused: c.puts_refused.load(Relaxed),
+            evictions: c.evictions.load(Relaxed),
+            invalidations: c.invalidations.load(Relaxed),
+            corruptions: c.corruptions.load(Relaxed),
+        }
+    }
+}
+
+/// The engine as a whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineStats {
+    /// The lent budget in bytes.
+    pub budget_bytes: usize,
+    /// Bytes mapped for frames (whole 2 MiB segments).
+    pub mapped_bytes: usize,
+    /// Frames holding page bytes.
+    pub frames_used: usize,
+    /// Logical pages in all pools.
+    pub pages: u64,
+    /// Pages stored as a fill word.
+    pub fill_pages: u64,
+    /// Distinct stored contents.
+    pub contents: usize,
+    /// Bytes that pages would take without dedup and fill detection, minus what they take.
+    pub dedup_saved_bytes: u64,
+    /// Pages held compressed.
+    pub compressed_pages: usize,
+    /// Bytes saved by compression.
+    pub compression_saved_bytes: u64,
+    /// Reads whose checksum failed.
+    pub corruptions: u64,
+    /// Heap bytes of index, policy and store tables (not page bytes).
+    pub metadata_bytes: usize,
+    /// Index shards.
+    pub shards: usize,
+    /// Eviction policy.
+    pub policy: &'static str,
+    /// Every pool.
+    pub pools: Vec<PoolStats>,
+}
+
+impl EngineStats {
+    pub(crate) fn new(
+        usage: StoreUsage,
+        index_bytes: usize,
+        shards: usize,
+        policy: &'static str,
+        pools: Vec<PoolStats>,
+    ) -> Self {
+        let pages: u64 = pools.iter().map(|p| p.pages).sum();
+        let fill_pages: u64 = pools.iter().map(|p| p.fill_pages).sum();
+        let framed = pages - fill_pages;
+        let page = PAGE_SIZE as u64;
+        Self {
+            budget_bytes: usage.budget_bytes,
+            mapped_bytes: usage.mapped_bytes,
+            frames_used: usage.frames_used,
+            pages,
+            fill_pages,
+            contents: usage.contents,
+            dedup_saved_bytes: (framed.saturating_sub(usage.contents as u64) + fill_pages) * page,
+            compressed_pages: usage.compressed_pages,
+            compression_saved_bytes: (usage.compressed_pages as u64 * page)
+                .saturating_sub(usage.compressed_bytes as u64),
+            corruptions: usage.corruptions,
+            metadata_bytes: index_bytes + usage.heap_bytes,
+            shards,
+            policy,
+            pools,
+        }
+    }
+
+    /// Metadata bytes per logical page (0 when empty).
+    pub fn metadata_per_page(&self) -> f64 {
+        if self.pages == 0 {
+            0.0
+        } else {
+            self.metadata_bytes as f64 / self.pages as f64
+        }
+    }
+}
+
+/// What a budget change did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BudgetReport {
+    /// Segments released, pages dropped or moved, pinned frames over budget.
+    pub shrink: ShrinkReport,
+    /// Time spent with the store locked.
+    pub elapsed: Duration,
+}

@@ -1,0 +1,308 @@
+//! The engine's contract, one behaviour per test, through the public `PageStore` API.
+
+use fallow_core::{
+    DedupScope, Lookup, NotStored, PageKey, PageStore, PoolSpec, PutOutcome, StoreError,
+    TrustDomain, PAGE_SIZE,
+};
+use fallow_pool::{Engine, EngineBuilder, SEGMENT_BYTES};
+
+fn engine(budget_pages: usize) -> Engine {
+    Engine::new(
+        EngineBuilder::new(budget_pages * PAGE_SIZE)
+            .shards(2)
+            .compress_interval(None)
+            .build()
+            .unwrap(),
+    )
+}
+
+/// A page whose bytes are unique to `seed` and not same-filled.
+fn page(seed: u64) -> Vec<u8> {
+    let mut p = vec![0u8; PAGE_SIZE];
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    for chunk in p.chunks_exact_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes());
+    }
+    p
+}
+
+fn get(e: &Engine, key: PageKey) -> Option<Vec<u8>> {
+    let mut out = vec![0u8; PAGE_SIZE];
+    e.get(key, &mut out).unwrap().is_hit().then_some(out)
+}
+
+#[test]
+fn put_then_get_returns_the_same_bytes_and_the_page_stays() {
+    let e = engine(64);
+    let pool = e.create_pool(&PoolSpec::ephemeral()).unwrap();
+    let key = PageKey::new(pool, 1, 2);
+    assert_eq!(e.put(key, &page(1)).unwrap(), PutOutcome::Stored);
+    assert_eq!(get(&e, key), Some(page(1)));
+    assert_eq!(get(&e, key), Some(page(1)));
+    assert_eq!(get(&e, PageKey::new(pool, 1, 3)), None);
+    e.validate();
+}
+
+#[test]
+fn take_removes_the_page_on_a_hit() {
+    let e = engine(64);
+    let pool = e.create_pool(&PoolSpec::persistent()).unwrap();
+    let key = PageKey::new(pool, 1, 2);
+    let _ = e.put(key, &page(5)).unwrap();
+    let mut out = vec![0u8; PAGE_SIZE];
+    assert_eq!(e.take(key, &mut out).unwrap(), Lookup::Hit);
+    assert_eq!(out, page(5));
+    assert_eq!(e.take(key, &mut out).unwrap(), Lookup::Miss);
+    assert_eq!(e.stats().frames_used, 0);
+    e.validate();
+}
+
+#[test]
+fn identical_pages_share_one_frame_and_overwriting_one_key_leaves_the_other() {
+    let e = engine(64);
+    let pool = e.create_pool(&PoolSpec::persistent()).unwrap();
+    let (a, b) = (PageKey::new(pool, 1, 0), PageKey::new(pool, 2, 0));
+    let _ = e.put(a, &page(9)).unwrap();
+    let _ = e.put(b, &page(9)).unwrap();
+    let stats = e.stats();
+    assert_eq!((stats.pages, stats.contents, stats.frames_used), (2, 1, 1));
+    assert_eq!(stats.dedup_saved_bytes, PAGE_SIZE as u64);
+    let _ = e.put(a, &page(10)).unwrap();
+    assert_eq!(get(&e, b), Some(page(9)));
+    assert_eq!(get(&e, a), Some(page(10)));
+    assert_eq!(e.stats().frames_used, 2);
+    e.validate();
+}
+
+#[test]
+fn dedup_never_crosses_trust_domains_or_pools_with_dedup_off() {
+    let e = engine(64);
+    let d1 = e.create_pool(&PoolSpec::persistent().dedup(DedupScope::Domain(TrustDomain(1))));
+    let d2 = e.create_pool(&PoolSpec::persistent().dedup(DedupScope::Domain(TrustDomain(2))));
+    let off = e.create_pool(&PoolSpec::persistent().dedup(DedupScope::Off)).unwrap();
+    for pool in [d1.unwrap(), d2.unwrap(), off, off] {
+        let _ = e.put(PageKey::new(pool, e.stats().pages, 0), &page(3)).unwrap();
+    }
+    assert_eq!(e.stats().contents, 4);
+    e.validate();
+}
+
+#[test]
+fn zero_and_same_filled_pages_cost_no_frame() {
+    let e = engine(64);
+    let pool = e.create_pool(&PoolSpec::persistent()).unwrap();
+    let zero = vec![0u8; PAGE_SIZE];
+    let ones: Vec<u8> = (0..PAGE_SIZE).map(|i| [1, 2, 3, 4, 5, 6, 7, 8][i % 8]).collect();
+    let _ = e.put(PageKey::new(pool, 0, 0), &zero).unwrap();
+    let _ = e.put(PageKey::new(pool, 0, 1), &ones).unwrap();
+    assert_eq!(e.stats().frames_used, 0);
+    assert_eq!(e.stats().fill_pages, 2);
+    assert_eq!(get(&e, PageKey::new(pool, 0, 0)), Some(zero));
+    assert_eq!(get(&e, PageKey::new(pool, 0, 1)), Some(ones));
+    e.validate();
+}
+
+#[test]
+fn invalidate_page_object_and_pool_remove_exactly_their_pages() {
+    let e = engine(256);
+    let pool = e.create_pool(&PoolSpec::persistent()).unwrap();
+    let other = e.create_pool(&PoolSpec::persistent()).unwrap();
+    for object in 0..4 {
+        for index in 0..8 {
+            let _ = e.put(PageKey::new(pool, object, index), &page(object * 100 + index));
+            let _ = e.put(PageKey::new(other, object, index), &page(7));
+        }
+    }
+    e.invalidate_page(PageKey::new(pool, 0, 0)).unwrap();
+    assert_eq!(get(&e, PageKey::new(pool, 0, 0)), None);
+    assert_eq!(get(&e, PageKey::new(pool, 0, 1)), Some(page(1)));
+    assert_eq!(e.invalidate_object(pool, 1).unwrap(), 8);
+    assert_eq!(get(&e, PageKey::new(pool, 1, 3)), None);
+    assert_eq!(get(&e, PageKey::new(pool, 2, 3)), Some(page(203)));
+    assert_eq!(e.invalidate_pool(pool).unwrap(), 7 + 16);
+    assert_eq!(e.pool_stats(pool).unwrap().pages, 0);
+    assert_eq!(e.pool_stats(other).unwrap().pages, 32);
+    e.validate();
+}
+
+#[test]
+fn a_destroyed_pool_is_unknown_and_its_id_is_not_reused() {
+    let e = engine(64);
+    let pool = e.create_pool(&PoolSpec::ephemeral()).unwrap();
+    let _ = e.put(PageKey::new(pool, 0, 0), &page(1)).unwrap();
+    e.destroy_pool(pool).unwrap();
+    let mut out = vec![0u8; PAGE_SIZE];
+    assert_eq!(e.get(PageKey::new(pool, 0, 0), &mut out), Err(StoreError::UnknownPool(pool)));
+    assert_eq!(e.destroy_pool(pool), Err(StoreError::UnknownPool(pool)));
+    assert_ne!(e.create_pool(&PoolSpec::ephemeral()).unwrap(), pool);
+    assert_eq!(e.stats().frames_used, 0);
+    e.validate();
+}
+
+#[test]
+fn shared_pools_attach_by_uuid_and_live_until_the_last_user_leaves() {
+    let e = engine(64);
+    let spec = PoolSpec::ephemeral().shared(0xfeed);
+    let a = e.create_pool(&spec).unwrap();
+    let b = e.create_pool(&spec).unwrap();
+    assert_eq!(a, b);
+    assert_eq!(
+        e.create_pool(&PoolSpec::persistent().shared(0xfeed)),
+        Err(StoreError::SharedPoolMismatch { uuid: 0xfeed })
+    );
+    let _ = e.put(PageKey::new(a, 0, 0), &page(1)).unwrap();
+    e.destroy_pool(a).unwrap();
+    assert_eq!(get(&e, PageKey::new(b, 0, 0)), Some(page(1)));
+    e.destroy_pool(b).unwrap();
+    assert!(e.pool_stats(a).is_err());
+}
+
+#[test]
+fn wrong_lengths_and_bad_specs_are_typed_errors() {
+    let e = engine(64);
+    let pool = e.create_pool(&PoolSpec::ephemeral()).unwrap();
+    let key = PageKey::new(pool, 0, 0);
+    let bad = StoreError::BadLength { got: 100, expected: PAGE_SIZE };
+    assert_eq!(e.put(key, &[0u8; 100]), Err(bad.clone()));
+    assert_eq!(e.get(key, &mut [0u8; 100]), Err(bad));
+    assert!(matches!(e.get_many(&[key, key], &mut [0u8; PAGE_SIZE]), Err(StoreError::BadLength { .. })));
+    assert!(matches!(
+        e.create_pool(&PoolSpec::ephemeral().quota_pages(3)),
+        Err(StoreError::InvalidSpec(_))
+    ));
+    assert!(EngineBuilder::new(1 << 20).shards(3).build().is_err());
+    assert!(EngineBuilder::new(1 << 20).policy("nope").build().is_err());
+}
+
+#[test]
+fn an_ephemeral_pool_stays_within_budget_and_never_returns_wrong_data() {
+    let e = engine(32);
+    let pool = e.create_pool(&PoolSpec::ephemeral()).unwrap();
+    for i in 0..200 {
+        let _ = e.put(PageKey::new(pool, 0, i), &page(i)).unwrap();
+        assert!(e.stats().frames_used <= 32);
+    }
+    let hits = (0..200).filter(|&i| get(&e, PageKey::new(pool, 0, i)).is_some()).count();
+    assert!(hits > 0 && hits <= 32 * 4, "{hits} hits");
+    for i in 0..200 {
+        if let Some(p) = get(&e, PageKey::new(pool, 0, i)) {
+            assert_eq!(p, page(i));
+        }
+    }
+    assert!(e.pool_stats(pool).unwrap().evictions >= 168);
+    e.validate();
+}
+
+#[test]
+fn persistent_pages_are_never_evicted_and_a_full_store_refuses_puts() {
+    let e = engine(16);
+    let keep = e.create_pool(&PoolSpec::persistent()).unwrap();
+    let cache = e.create_pool(&PoolSpec::ephemeral()).unwrap();
+    for i in 0..16 {
+        assert_eq!(e.put(PageKey::new(keep, 0, i), &page(i)).unwrap(), PutOutcome::Stored);
+    }
+    let full = PutOutcome::NotStored(NotStored::Full);
+    assert_eq!(e.put(PageKey::new(keep, 0, 99), &page(99)).unwrap(), full);
+    assert_eq!(e.put(PageKey::new(cache, 0, 0), &page(1000)).unwrap(), full);
+    for i in 0..16 {
+        assert_eq!(get(&e, PageKey::new(keep, 0, i)), Some(page(i)));
+    }
+    // A refused overwrite hides the older page.
+    e.invalidate_page(PageKey::new(keep, 0, 0)).unwrap();
+    let _ = e.put(PageKey::new(cache, 0, 0), &page(1000)).unwrap();
+    assert_eq!(e.put(PageKey::new(keep, 0, 1), &page(2000)).unwrap(), PutOutcome::Stored);
+    e.validate();
+}
+
+#[test]
+fn a_persistent_quota_refuses_and_hides_the_older_page() {
+    let e = engine(64);
+    let pool = e.create_pool(&PoolSpec::persistent().quota_pages(2)).unwrap();
+    let _ = e.put(PageKey::new(pool, 0, 0), &page(0)).unwrap();
+    let _ = e.put(PageKey::new(pool, 0, 1), &page(1)).unwrap();
+    let over = PutOutcome::NotStored(NotStored::OverQuota);
+    assert_eq!(e.put(PageKey::new(pool, 0, 2), &page(2)).unwrap(), over);
+    // Overwriting within the quota is fine.
+    assert_eq!(e.put(PageKey::new(pool, 0, 1), &page(11)).unwrap(), PutOutcome::Stored);
+    e.validate();
+}
+
+#[test]
+fn shrinking_returns_segments_and_keeps_every_persistent_page() {
+    let seg_pages = SEGMENT_BYTES / PAGE_SIZE;
+    let e = engine(8 * seg_pages);
+    let keep = e.create_pool(&PoolSpec::persistent()).unwrap();
+    let cache = e.create_pool(&PoolSpec::ephemeral()).unwrap();
+    let n = 8 * seg_pages as u64;
+    for i in 0..n {
+        let pool = if i % 16 == 0 { keep } else { cache };
+        let _ = e.put(PageKey::new(pool, 0, i), &page(i)).unwrap();
+    }
+    assert_eq!(e.stats().mapped_bytes, 8 * SEGMENT_BYTES);
+    let report = e.set_budget(2 * SEGMENT_BYTES);
+    assert_eq!(report.shrink.segments_released, 6);
+    assert!(e.stats().mapped_bytes <= 2 * SEGMENT_BYTES);
+    for i in (0..n).step_by(16) {
+        assert_eq!(get(&e, PageKey::new(keep, 0, i)), Some(page(i)), "persistent page {i}");
+    }
+    for i in (1..n).filter(|i| i % 16 != 0) {
+        if let Some(p) = get(&e, PageKey::new(cache, 0, i)) {
+            assert_eq!(p, page(i));
+        }
+    }
+    e.validate();
+    // Below the persistent pages, the shrink says so and keeps them.
+    let report = e.set_budget(SEGMENT_BYTES / 4);
+    assert!(report.shrink.pinned_over_budget > 0);
+    assert_eq!(get(&e, PageKey::new(keep, 0, 16)), Some(page(16)));
+    e.validate();
+    // Growing again works.
+    e.set_budget(8 * SEGMENT_BYTES);
+    assert_eq!(e.put(PageKey::new(cache, 1, 0), &page(5)).unwrap(), PutOutcome::Stored);
+    e.validate();
+}
+
+#[test]
+fn cold_pages_compress_in_the_background_pass_and_still_read_back() {
+    let e = engine(64);
+    let pool = e.create_pool(&PoolSpec::persistent().compress(true)).unwrap();
+    let text = |i: u64| -> Vec<u8> {
+        let s = format!("page {i} of a fairly compressible text file; ");
+        s.bytes().cycle().take(PAGE_SIZE).collect()
+    };
+    for i in 0..10 {
+        let _ = e.put(PageKey::new(pool, 0, i), &text(i)).unwrap();
+    }
+    // First pass clears the "recently used" bit, second one compresses.
+    e.compress_cold(100);
+    assert_eq!(e.compress_cold(100), 10);
+    let stats = e.stats();
+    assert_eq!((stats.compressed_pages, stats.frames_used), (10, 0));
+    assert!(stats.compression_saved_bytes > 9 * PAGE_SIZE as u64);
+    for i in 0..10 {
+        assert_eq!(get(&e, PageKey::new(pool, 0, i)), Some(text(i)));
+    }
+    e.validate();
+}
+
+#[test]
+fn batched_operations_match_single_ones() {
+    let e = engine(64);
+    let pool = e.create_pool(&PoolSpec::ephemeral()).unwrap();
+    let keys: Vec<PageKey> = (0..10).map(|i| PageKey::new(pool, i % 3, i)).collect();
+    let pages: Vec<u8> = (0..10).flat_map(page).collect();
+    let outcomes = e.put_many(&keys, &pages).unwrap();
+    assert!(outcomes.iter().all(|o| *o == PutOutcome::Stored));
+    let mut out = vec![0u8; 10 * PAGE_SIZE];
+    let found = e.get_many(&keys, &mut out).unwrap();
+    assert!(found.iter().all(|l| l.is_hit()));
+    assert_eq!(out, pages);
+    let found = e.take_many(&keys[..5], &mut out[..5 * PAGE_SIZE]).unwrap();
+    assert!(found.iter().all(|l| l.is_hit()));
+    let found = e.get_many(&keys, &mut out).unwrap();
+    assert_eq!(found.iter().filter(|l| l.is_hit()).count(), 5);
+    e.validate();
+}
