@@ -541,3 +541,39 @@ impl Inner {
         Ok(results)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::EngineBuilder;
+
+    #[test]
+    fn a_corrupt_frame_is_a_miss_and_is_counted() {
+        let e = Engine::new(EngineBuilder::new(1 << 20).compress_interval(None).build().unwrap());
+        let pool = e.create_pool(&PoolSpec::persistent()).unwrap();
+        let key = PageKey::new(pool, 1, 1);
+        let page: Vec<u8> = (0..PAGE_SIZE).map(|i| (i * 7) as u8).collect();
+        let _ = e.put(key, &page).unwrap();
+        let inner = e.inner();
+        let hash = key_hash(&key);
+        let (_, slot) = inner.shards[inner.shard_of(hash)].lock().lookup(&key).unwrap();
+        let Value::Content(id) = slot.value else { panic!("not a content page") };
+        inner.store.lock().corrupt(id);
+        let mut out = vec![0u8; PAGE_SIZE];
+        assert_eq!(e.get(key, &mut out).unwrap(), Lookup::Miss);
+        let stats = e.pool_stats(pool).unwrap();
+        assert_eq!((stats.corruptions, stats.pages), (1, 0));
+        assert_eq!(e.stats().corruptions, 1);
+        e.validate();
+    }
+
+    #[test]
+    fn keys_spread_over_every_shard() {
+        let e = Engine::new(EngineBuilder::new(1 << 20).shards(8).build().unwrap());
+        let mut seen = [false; 8];
+        for i in 0..256 {
+            seen[e.inner().shard_of(key_hash(&PageKey::new(PoolId(0), 0, i)))] = true;
+        }
+        assert!(seen.iter().all(|&s| s));
+    }
+}

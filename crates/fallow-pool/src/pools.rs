@@ -1,11 +1,11 @@
 //! The pool table: which pools exist, their specs, and their counters.
 //!
 //! # Locking
-//! One `RwLock` around the table, taken for reading on every operation (a map lookup and
-//! an `Arc` clone) and for writing only to create or destroy a pool. It is never held
-//! while a shard or the store is locked by the same thread... except for the read lock an
-//! eviction takes to charge the victim's pool, which comes after the shard lock (order:
-//! shard → pools(read)). No writer ever waits on a shard while holding it.
+//! One `RwLock` around the table. Operations take it for reading, for a map lookup and an
+//! `Arc` clone, before any shard lock; an eviction also takes it for reading after a shard
+//! and the store, to charge the victim's pool (order: shard → store → pools). Only pool
+//! creation and destruction take it for writing, and they never lock a shard while
+//! holding it, so the read after a shard lock cannot deadlock.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Replays the shared traces through `fallow trace sweep` and compares our policies with
+libCacheSim's reference miss ratios (../shared/traces/README.md).
+
+Prints one markdown table (ours beside the reference) and the three criteria of issue #2
+for the default policy:
+  1. never worse than LRU by more than 0.005 on any row;
+  2. on average at least 10 % lower (relative) than LRU;
+  3. within 0.02 of the best online reference policy on every row.
+
+    python3 bench/trace_compare.py [--fallow PATH] [--traces DIR] [--check] [--only NAME...]
+
+With --check it exits 1 when a criterion fails (CI uses this). Rows are replayed at the
+reference's own cache sizes. Progress goes to stderr.
+"""
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ONLINE = ["LRU", "ARC", "LIRS", "2Q", "S3-FIFO", "SIEVE", "W-TinyLFU"]
+
+# Reference row name -> (file under traces/, fallow trace arguments).
+TRACES = {
+    "arc_OLTP": ("arc/OLTP.lis.zst", ["--format", "arc", "--block-size", "4096"]),
+    "arc_P2": ("arc/P2.lis.zst", ["--format", "arc"]),
+    "arc_P3": ("arc/P3.lis.zst", ["--format", "arc"]),
+    "cloudPhysicsIO": ("libcachesim/cloudPhysicsIO.vscsi", ["--format", "vscsi"]),
+    "cloudPhysicsIO (reads only)": (
+        "libcachesim/cloudPhysicsIO.vscsi", ["--format", "vscsi", "--reads-only"]),
+    "msr_sample": ("caffeine/snia/msr-cambridge1-sample.csv", ["--format", "msr"]),
+    "systor17_additional_sample": (
+        "caffeine/snia/systor17-additional-sample.csv.gz", ["--format", "systor"]),
+    "systor17_sample": ("caffeine/snia/systor17-traces-sample.csv.gz", ["--format", "systor"]),
+    "tencent_cbs_sample": (
+        "caffeine/snia/tencent-cbs-cloud_storage-sample.bz2", ["--format", "tencent"]),
+    "tencent_cbs_sample (reads only)": (
+        "caffeine/snia/tencent-cbs-cloud_storage-sample.bz2",
+        ["--format", "tencent", "--reads-only"]),
+}
+for name in ["2_pools", "cpp", "cs", "gli", "loop", "multi1", "multi2", "multi3", "ps",
+             "scan", "sprite", "zigzag"]:
+    TRACES[f"lirs_{name}"] = (f"caffeine/lirs/{name}.trace.gz", ["--format", "lirs"])
+
+
+def reference(readme: Path):
+    """{trace: [(size, {policy: miss ratio})]} from the README's reference table."""
+    rows, header = {}, None
+    for line in readme.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) > 3 and cells[0] == "trace" and cells[1].startswith("size"):
+            header = cells
+            continue
+        if header is None or len(cells) != len(header) or set(cells[0]) <= set("-: "):
+            continue
+        try:
+            values = {h: float(c) for h, c in zip(header[2:], cells[2:])}
+            rows.setdefault(cells[0], []).append((int(cells[1].replace(",", "")), values))
+        except ValueError:
+            continue
+    return rows
+
+
+def sweep(fallow, path, args, sizes, policies):
+    cmd = [fallow, "trace", "sweep", str(path), *args, "--json",
+           "--cache-sizes", ",".join(map(str, sizes)), "--policies", ",".join(policies)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    result = {}
+    for line in out.splitlines():
+        row = json.loads(line)
+        result[(row["cache_pages"], row["policy"])] = row["miss_ratio"]
+    return result
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fallow", default="target/release/fallow")
+    ap.add_argument("--traces", default=str(Path(__file__).resolve().parents[2] / "shared" / "traces"))
+    ap.add_argument("--policies", default="lru,s3fifo,wtinylfu")
+    ap.add_argument("--default", default=None, help="the default policy (asked from fallow)")
+    ap.add_argument("--check", action="store_true", help="exit 1 when a criterion fails")
+    ap.add_argument("--only", nargs="*", help="reference trace names to run")
+    opts = ap.parse_args()
+
+    traces = Path(opts.traces)
+    readme = traces / "README.md"
+    if not readme.exists():
+        print(f"skipped: {readme} not found", file=sys.stderr)
+        return 0
+    ref = reference(readme)
+    policies = opts.policies.split(",")
+    default = opts.default or policies[-1]
+    names = [n for n in TRACES if n in ref and (not opts.only or n in opts.only)]
+
+    print(f"| trace | pages | ref LRU | ref best online | " +
+          " | ".join(f"ours {p}" for p in policies) + f" | {default} − ref best |")
+    print("|---|---:|---:|---:|" + "---:|" * len(policies) + "---:|")
+    worse_than_lru, far_from_best, rel = [], [], []
+    for name in names:
+        file, args = TRACES[name]
+        sizes = [s for s, _ in ref[name]]
+        started = time.time()
+        print(f"{name}: replaying at {sizes} ...", file=sys.stderr, end="", flush=True)
+        ours = sweep(opts.fallow, traces / file, args, sizes, policies)
+        print(f" {time.time() - started:.1f} s", file=sys.stderr)
+        for size, values in ref[name]:
+            best = min(values[p] for p in ONLINE if p in values)
+            mine = {p: ours[(size, p)] for p in policies}
+            d, lru = mine[default], mine.get("lru", values["LRU"])
+            gap = d - best
+            print(f"| {name} | {size} | {values['LRU']:.3f} | {best:.3f} | " +
+                  " | ".join(f"{mine[p]:.3f}" for p in policies) + f" | {gap:+.3f} |")
+            if d > lru + 0.005:
+                worse_than_lru.append((name, size, d, lru))
+            if gap > 0.02:
+                far_from_best.append((name, size, d, best))
+            if lru > 0:
+                rel.append((lru - d) / lru)
+    mean_rel = sum(rel) / len(rel) if rel else 0.0
+    print()
+    print(f"Default policy `{default}` over {len(rel)} rows:")
+    print(f"1. worse than our LRU by more than 0.005: {len(worse_than_lru)} rows "
+          + ("(pass)" if not worse_than_lru else "(FAIL) " + repr(worse_than_lru)))
+    print(f"2. mean relative reduction vs our LRU: {mean_rel * 100:.1f} % "
+          + ("(pass, ≥ 10 %)" if mean_rel >= 0.10 else "(FAIL, < 10 %)"))
+    print(f"3. more than 0.02 above the best online reference: {len(far_from_best)} rows "
+          + ("(pass)" if not far_from_best else "(FAIL) " + repr(far_from_best)))
+    failed = worse_than_lru or far_from_best or mean_rel < 0.10
+    return 1 if (failed and opts.check) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

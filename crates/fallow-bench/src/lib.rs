@@ -1,0 +1,13 @@
+//! Workloads behind `fallow bench` and `fallow trace`: what a benchmark feeds the page pool.
+//!
+//! # Components
+//!
+//! [`trace`]: a streaming reader of third-party block and page traces (VMware vscsi, ARC
+//! `.lis`, LIRS, Tencent CBS, MSR Cambridge, SYSTOR'17), optionally compressed, that yields
+//! one [`trace::PageAccess`] per 4 KiB page touched.
+//!
+//! [`replay`]: those accesses through a real `fallow_pool::Engine` (one shard, an
+//! ephemeral pool of N pages), counting hits and misses.
+
+pub mod replay;
+pub mod trace;

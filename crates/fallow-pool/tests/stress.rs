@@ -1,0 +1,96 @@
+//! Many threads on one engine: every hit must carry the bytes of the key asked for, in
+//! the version some thread put, and the engine's invariants must hold at the end.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fallow_core::{PageKey, PageStore, PoolId, PoolSpec, PAGE_SIZE};
+use fallow_pool::{Engine, EngineBuilder};
+use rand::{Rng, SeedableRng};
+
+/// A page that names its key and version in its first 24 bytes and repeats a pattern
+/// derived from them, so a reader can tell a right page from a wrong or torn one.
+fn page(key: PageKey, version: u64) -> Vec<u8> {
+    let mut p = vec![0u8; PAGE_SIZE];
+    p[..8].copy_from_slice(&key.object.to_le_bytes());
+    p[8..16].copy_from_slice(&key.index.to_le_bytes());
+    p[16..24].copy_from_slice(&version.to_le_bytes());
+    let seed = key.object.wrapping_mul(31).wrapping_add(key.index).wrapping_add(version * 7);
+    for (i, b) in p[24..].iter_mut().enumerate() {
+        *b = (seed as u8).wrapping_add(i as u8) | 1;
+    }
+    p
+}
+
+fn check(key: PageKey, out: &[u8]) {
+    let object = u64::from_le_bytes(out[..8].try_into().unwrap());
+    let index = u64::from_le_bytes(out[8..16].try_into().unwrap());
+    let version = u64::from_le_bytes(out[16..24].try_into().unwrap());
+    assert_eq!((object, index), (key.object, key.index), "a hit returned another key's page");
+    assert_eq!(out, &page(key, version)[..], "torn or corrupt page for {key:?}");
+}
+
+fn worker(engine: Arc<Engine>, pools: [PoolId; 2], seed: u64, stop: Arc<AtomicBool>) -> u64 {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut out = vec![0u8; PAGE_SIZE];
+    let mut ops = 0;
+    while !stop.load(Ordering::Relaxed) && ops < 200_000 {
+        let pool = pools[rng.gen_range(0..2)];
+        let key = PageKey::new(pool, rng.gen_range(0..8), rng.gen_range(0..256));
+        match rng.gen_range(0..100) {
+            0..=39 => {
+                let _ = engine.put(key, &page(key, rng.gen_range(0..4))).unwrap();
+            }
+            40..=84 => {
+                if engine.get(key, &mut out).unwrap().is_hit() {
+                    check(key, &out);
+                }
+            }
+            85..=94 => {
+                if engine.take(key, &mut out).unwrap().is_hit() {
+                    check(key, &out);
+                }
+            }
+            95..=98 => engine.invalidate_page(key).unwrap(),
+            _ => {
+                engine.invalidate_object(pool, key.object).unwrap();
+            }
+        }
+        ops += 1;
+    }
+    ops
+}
+
+#[test]
+fn threads_never_see_wrong_or_torn_pages() {
+    let engine = Arc::new(Engine::new(
+        EngineBuilder::new(512 * PAGE_SIZE)
+            .shards(4)
+            .compress_interval(Some(Duration::from_millis(1)))
+            .build()
+            .unwrap(),
+    ));
+    let pools = [
+        engine.create_pool(&PoolSpec::ephemeral().compress(true)).unwrap(),
+        engine.create_pool(&PoolSpec::persistent().quota_pages(400)).unwrap(),
+    ];
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let (engine, stop) = (engine.clone(), stop.clone());
+            std::thread::spawn(move || worker(engine, pools, t, stop))
+        })
+        .collect();
+    // A fifth thread changes the budget under the workers' feet.
+    let started = Instant::now();
+    let mut budgets = [128, 512, 64, 1024, 256].iter().cycle();
+    while started.elapsed() < Duration::from_secs(3) {
+        engine.set_budget(budgets.next().unwrap() * PAGE_SIZE);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let ops: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    assert!(ops > 10_000, "only {ops} operations ran");
+    engine.validate();
+}

@@ -1,0 +1,43 @@
+//! The `fallow` command: one binary for every role (today: `trace`, to judge the pool's
+//! eviction policies on real block-I/O traces).
+
+use clap::{Parser, Subcommand};
+
+mod cmd;
+
+/// fallow pools the idle RAM of many machines into one shared, second-chance cache for
+/// slow storage.
+#[derive(Debug, Parser)]
+#[command(name = "fallow", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Replay real block-I/O traces through the page pool engine.
+    #[command(subcommand)]
+    Trace(cmd::trace::TraceCommand),
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FALLOW_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Trace(c) => cmd::trace::run(c),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("fallow: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

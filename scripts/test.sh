@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The project's one test command (README "Test it"; CI runs it through .ci/run).
+# Installs what a fresh machine lacks, then: fmt, clippy -D warnings, every test, and a
+# trace check of the eviction policy. Exits non-zero on the first failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "toolchain"
+if ! command -v cargo >/dev/null; then
+    echo "cargo not found: install Rust with rustup first" >&2
+    exit 1
+fi
+# The compression crates (zstd, xz, bzip2) build C sources.
+if ! command -v cc >/dev/null; then
+    apt-get -o DPkg::Lock::Timeout=600 update
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y build-essential
+fi
+for component in rustfmt clippy; do
+    if ! rustup component list --installed 2>/dev/null | grep -q "^$component"; then
+        rustup component add "$component"
+    fi
+done
+cargo --version
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "cargo test"
+cargo test --workspace --locked
+
+step "trace check"
+bash scripts/trace-check.sh
