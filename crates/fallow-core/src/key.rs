@@ -52,7 +52,7 @@ mod tests {
     fn keys_of_one_object_sort_together() {
         let p = PoolId(1);
         let mut keys =
-            vec![PageKey::new(p, 2, 0), PageKey::new(p, 1, 9), PageKey::new(PoolId(0), 9, 9)];
+            [PageKey::new(p, 2, 0), PageKey::new(p, 1, 9), PageKey::new(PoolId(0), 9, 9)];
         keys.sort();
         assert_eq!(keys[0].pool, PoolId(0));
         assert_eq!((keys[1].object, keys[1].index), (1, 9));

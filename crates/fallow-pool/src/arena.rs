@@ -1,14 +1,19 @@
 //! Page frames: 4 KiB frames carved from 2 MiB anonymous mappings ("segments").
 //!
-//! Memory goes back to the host a whole segment at a time (the mapping is dropped, which
-//! `munmap`s it), so the arena never holds more than its frame limit rounded up to one
-//! segment. Nothing here allocates per page: frames are found on a free list and the
-//! per-frame owner table grows a segment at a time.
+//! Memory goes back to the host a whole segment at a time: the mapping is handed to the
+//! caller, who drops it (`munmap`) after releasing the store lock, so the kernel's work of
+//! freeing the pages never blocks a reader. Each segment sits 2 MiB-aligned inside its
+//! mapping and is advised `MADV_HUGEPAGE`, so where transparent huge pages are enabled it
+//! costs one huge page to fault in and to free. Nothing here allocates per page.
 //!
 //! ```text
 //!  FrameId (u32) = segment number << 9 | frame number inside the segment (0..512)
-//!  segments: [ Some(2 MiB mapping) | None (returned to the OS) | Some(..) | .. ]
+//!  segments: [ Mapped | Draining(stale) | Free | Mapped | .. ]
 //! ```
+//!
+//! A released segment is `Draining` while contents that lived in it are still referenced
+//! by index entries (they read as dead, and let go of the segment when freed); its number is
+//! reused only once it is `Free`, so a stale frame id can never reach new bytes.
 //!
 //! # Locking
 //! The arena has no lock of its own: it lives inside the engine's store and is guarded by
@@ -49,10 +54,43 @@ impl FrameId {
     }
 }
 
-/// One 2 MiB mapping and how many of its frames are in use.
-struct Segment {
+/// A mapping that holds one 2 MiB-aligned segment.
+pub struct Mapping {
     map: MmapMut,
-    used: usize,
+    /// Offset of the aligned segment inside `map`.
+    start: usize,
+}
+
+impl Mapping {
+    fn new() -> std::io::Result<Self> {
+        // Twice the size, so that a 2 MiB-aligned window always fits: only the window is
+        // ever touched, so the rest costs address space, not memory.
+        let map = MmapMut::map_anon(2 * SEGMENT_BYTES)?;
+        let addr = map.as_ptr() as usize;
+        let start = addr.next_multiple_of(SEGMENT_BYTES) - addr;
+        // Best effort: without transparent huge pages the segment works the same, only
+        // slower to fault in and to free.
+        let _ = map.advise_range(memmap2::Advice::HugePage, start, SEGMENT_BYTES);
+        Ok(Self { map, start })
+    }
+
+    fn frame(&self, slot: usize) -> &[u8] {
+        &self.map[self.start + slot * PAGE_SIZE..][..PAGE_SIZE]
+    }
+
+    fn frame_mut(&mut self, slot: usize) -> &mut [u8] {
+        &mut self.map[self.start + slot * PAGE_SIZE..][..PAGE_SIZE]
+    }
+}
+
+/// The state of one segment number.
+enum Segment {
+    /// Mapped, with this many frames in use.
+    Mapped { mapping: Mapping, used: usize },
+    /// Returned to the OS; this many contents still name frames in it.
+    Draining { stale: usize },
+    /// Unused: the number may be given to a new mapping.
+    Free,
 }
 
 /// Why the arena could not hand out a frame.
@@ -66,19 +104,19 @@ pub enum ArenaFull {
 
 /// The frames of one engine.
 pub struct Arena {
-    /// Segment number → mapping; `None` once returned to the OS (the number is reused).
-    segments: Vec<Option<Segment>>,
+    segments: Vec<Segment>,
     /// Frames of mapped segments that hold no page.
     free: Vec<FrameId>,
     /// The most frames that may be in use at once (the lent budget, in frames).
     limit: usize,
     used: usize,
+    mapped: usize,
 }
 
 impl Arena {
     /// An arena that may use up to `limit` frames; nothing is mapped until first use.
     pub fn new(limit: usize) -> Self {
-        Self { segments: Vec::new(), free: Vec::new(), limit, used: 0 }
+        Self { segments: Vec::new(), free: Vec::new(), limit, used: 0, mapped: 0 }
     }
 
     /// Frames in use.
@@ -92,19 +130,14 @@ impl Arena {
     }
 
     /// Changes the frame limit. Shrinking below [`Arena::used`] is the caller's to resolve
-    /// (see `Store::shrink`); this only records the number.
+    /// (see `Store::shrink_step`); this only records the number.
     pub fn set_limit(&mut self, limit: usize) {
         self.limit = limit;
     }
 
-    /// Segments currently mapped.
-    pub fn mapped_segments(&self) -> usize {
-        self.segments.iter().filter(|s| s.is_some()).count()
-    }
-
-    /// Bytes currently mapped from the OS.
+    /// Bytes currently mapped from the OS for frames.
     pub fn mapped_bytes(&self) -> usize {
-        self.mapped_segments() * SEGMENT_BYTES
+        self.mapped * SEGMENT_BYTES
     }
 
     /// Length of per-frame tables: one past the highest frame index that can exist.
@@ -117,6 +150,11 @@ impl Arena {
         self.used < self.limit
     }
 
+    /// True when `frame` is in a mapped segment (else its bytes are gone).
+    pub fn is_live(&self, frame: FrameId) -> bool {
+        matches!(self.segments.get(frame.segment()), Some(Segment::Mapped { .. }))
+    }
+
     /// Hands out a free frame, mapping a new segment if needed.
     pub fn alloc(&mut self) -> Result<FrameId, ArenaFull> {
         if self.used >= self.limit {
@@ -126,55 +164,75 @@ impl Arena {
             self.map_segment()?;
         }
         let frame = self.free.pop().ok_or(ArenaFull::MapFailed)?;
-        self.used += 1;
-        if let Some(Some(seg)) = self.segments.get_mut(frame.segment()) {
-            seg.used += 1;
-        }
+        self.take(frame);
         Ok(frame)
     }
 
-    /// Returns a frame to the free list. The caller guarantees it was allocated and is no
-    /// longer referenced.
-    pub fn free(&mut self, frame: FrameId) {
-        debug_assert!(self.used > 0);
-        self.used -= 1;
-        if let Some(Some(seg)) = self.segments.get_mut(frame.segment()) {
-            seg.used -= 1;
+    fn take(&mut self, frame: FrameId) {
+        self.used += 1;
+        if let Some(Segment::Mapped { used, .. }) = self.segments.get_mut(frame.segment()) {
+            *used += 1;
         }
-        self.free.push(frame);
+    }
+
+    /// Returns a frame to the free list, or, if its segment was released meanwhile, lets go
+    /// of the segment. The caller guarantees the frame was allocated and is no longer
+    /// referenced.
+    pub fn free(&mut self, frame: FrameId) {
+        match self.segments.get_mut(frame.segment()) {
+            Some(Segment::Mapped { used, .. }) => {
+                *used -= 1;
+                self.used -= 1;
+                self.free.push(frame);
+            }
+            Some(seg @ Segment::Draining { .. }) => {
+                if let Segment::Draining { stale } = seg {
+                    *stale -= 1;
+                    if *stale == 0 {
+                        *seg = Segment::Free;
+                    }
+                }
+            }
+            _ => debug_assert!(false, "free of {frame:?} in a free segment"),
+        }
     }
 
     fn map_segment(&mut self) -> Result<(), ArenaFull> {
-        let map = MmapMut::map_anon(SEGMENT_BYTES).map_err(|err| {
+        let mapping = Mapping::new().map_err(|err| {
             tracing::warn!(%err, "could not map a 2 MiB segment");
             ArenaFull::MapFailed
         })?;
-        let number = match self.segments.iter().position(Option::is_none) {
+        let number = match self.segments.iter().position(|s| matches!(s, Segment::Free)) {
             Some(n) => n,
             None => {
-                self.segments.push(None);
+                self.segments.push(Segment::Free);
                 self.segments.len() - 1
             }
         };
-        self.segments[number] = Some(Segment { map, used: 0 });
+        self.segments[number] = Segment::Mapped { mapping, used: 0 };
+        self.mapped += 1;
         // Reverse order so that frames are handed out from the start of the segment.
         self.free.extend((0..FRAMES_PER_SEGMENT).rev().map(|slot| FrameId::new(number, slot)));
         Ok(())
     }
 
-    /// The bytes of an allocated frame.
-    pub fn bytes(&self, frame: FrameId) -> &[u8] {
+    fn mapping(&self, frame: FrameId) -> &Mapping {
         match &self.segments[frame.segment()] {
-            Some(seg) => &seg.map[frame.slot() * PAGE_SIZE..][..PAGE_SIZE],
-            None => panic!("frame {frame:?} is in an unmapped segment"),
+            Segment::Mapped { mapping, .. } => mapping,
+            _ => panic!("frame {frame:?} is not in a mapped segment"),
         }
     }
 
-    /// The bytes of an allocated frame, for writing.
+    /// The bytes of an allocated frame in a mapped segment.
+    pub fn bytes(&self, frame: FrameId) -> &[u8] {
+        self.mapping(frame).frame(frame.slot())
+    }
+
+    /// The bytes of an allocated frame in a mapped segment, for writing.
     pub fn bytes_mut(&mut self, frame: FrameId) -> &mut [u8] {
         match &mut self.segments[frame.segment()] {
-            Some(seg) => &mut seg.map[frame.slot() * PAGE_SIZE..][..PAGE_SIZE],
-            None => panic!("frame {frame:?} is in an unmapped segment"),
+            Segment::Mapped { mapping, .. } => mapping.frame_mut(frame.slot()),
+            _ => panic!("frame {frame:?} is not in a mapped segment"),
         }
     }
 
@@ -185,16 +243,16 @@ impl Arena {
         self.bytes_mut(to).copy_from_slice(&page);
     }
 
-    /// Mapped segments with their number of frames in use, fullest last.
+    /// Mapped segments with their number of frames in use.
     pub fn segments_by_use(&self) -> Vec<(usize, usize)> {
-        let mut v: Vec<(usize, usize)> = self
-            .segments
+        self.segments
             .iter()
             .enumerate()
-            .filter_map(|(n, s)| s.as_ref().map(|s| (n, s.used)))
-            .collect();
-        v.sort_by_key(|&(n, used)| (used, n));
-        v
+            .filter_map(|(n, s)| match s {
+                Segment::Mapped { used, .. } => Some((n, *used)),
+                _ => None,
+            })
+            .collect()
     }
 
     /// All frames of segment `number`.
@@ -202,23 +260,32 @@ impl Arena {
         (0..FRAMES_PER_SEGMENT).map(move |slot| FrameId::new(number, slot))
     }
 
-    /// Unmaps every segment that holds no page. Returns how many were unmapped.
-    pub fn unmap_empty_segments(&mut self) -> usize {
-        let empty: Vec<usize> = self
-            .segments
-            .iter()
-            .enumerate()
-            .filter_map(|(n, s)| s.as_ref().filter(|s| s.used == 0).map(|_| n))
-            .collect();
-        if !empty.is_empty() {
-            self.segments.iter_mut().enumerate().for_each(|(n, s)| {
-                if empty.binary_search(&n).is_ok() {
-                    *s = None;
-                }
-            });
-            self.free.retain(|f| empty.binary_search(&f.segment()).is_err());
+    /// Releases mapped segment `number` whose `stale` in-use frames are abandoned (their
+    /// contents read as dead from now on, and each lets go when freed). Returns the mapping
+    /// for the caller to drop once it holds no lock.
+    pub fn release_segment(&mut self, number: usize, stale: usize) -> Option<Mapping> {
+        let state = if stale == 0 { Segment::Free } else { Segment::Draining { stale } };
+        match std::mem::replace(&mut self.segments[number], state) {
+            Segment::Mapped { mapping, used } => {
+                debug_assert_eq!(used, stale, "segment {number}: {used} used, {stale} stale");
+                self.used -= used;
+                self.mapped -= 1;
+                self.free.retain(|f| f.segment() != number);
+                Some(mapping)
+            }
+            other => {
+                self.segments[number] = other;
+                None
+            }
         }
-        empty.len()
+    }
+
+    /// Takes a free frame that is not in any of `avoid` (segments about to be released).
+    pub fn alloc_outside(&mut self, avoid: &[usize]) -> Option<FrameId> {
+        let pos = self.free.iter().rposition(|f| !avoid.contains(&f.segment()))?;
+        let frame = self.free.swap_remove(pos);
+        self.take(frame);
+        Some(frame)
     }
 
     /// True when `frame` is on the free list. O(free frames): for `validate` only.
@@ -226,31 +293,36 @@ impl Arena {
         self.free.contains(&frame)
     }
 
-    /// Takes a free frame that is not in any of `avoid` (segments about to be unmapped).
-    pub fn alloc_outside(&mut self, avoid: &[usize]) -> Option<FrameId> {
-        let pos = self.free.iter().rposition(|f| !avoid.contains(&f.segment()))?;
-        let frame = self.free.swap_remove(pos);
-        self.used += 1;
-        if let Some(Some(seg)) = self.segments.get_mut(frame.segment()) {
-            seg.used += 1;
-        }
-        Some(frame)
-    }
-
     /// Bytes of heap the arena's bookkeeping holds (not the frames themselves).
     pub fn heap_bytes(&self) -> usize {
         self.free.capacity() * std::mem::size_of::<FrameId>()
-            + self.segments.capacity() * std::mem::size_of::<Option<Segment>>()
+            + self.segments.capacity() * std::mem::size_of::<Segment>()
+    }
+
+    /// Draining segments and how many stale frames each still has, for `validate`.
+    pub fn draining(&self) -> Vec<(usize, usize)> {
+        self.segments
+            .iter()
+            .enumerate()
+            .filter_map(|(n, s)| match s {
+                Segment::Draining { stale } => Some((n, *stale)),
+                _ => None,
+            })
+            .collect()
     }
 
     /// Panics if the arena's counters disagree with its free list.
     pub fn validate(&self) {
-        let mapped = self.mapped_segments() * FRAMES_PER_SEGMENT;
-        assert_eq!(self.used + self.free.len(), mapped, "used + free != mapped frames");
-        let seg_used: usize = self.segments.iter().flatten().map(|s| s.used).sum();
+        let mapped = self.segments.iter().filter(|s| matches!(s, Segment::Mapped { .. })).count();
+        assert_eq!(mapped, self.mapped, "mapped segment count drifted");
+        assert_eq!(self.used + self.free.len(), mapped * FRAMES_PER_SEGMENT, "frames leak");
+        let seg_used: usize = self.segments_by_use().iter().map(|s| s.1).sum();
         assert_eq!(seg_used, self.used, "segment use counts drifted");
         for f in &self.free {
-            assert!(self.segments[f.segment()].is_some(), "free frame {f:?} is unmapped");
+            assert!(self.is_live(*f), "free frame {f:?} is not mapped");
+        }
+        for (n, stale) in self.draining() {
+            assert!(stale > 0, "segment {n} drains nothing");
         }
     }
 }
@@ -262,17 +334,41 @@ mod tests {
     #[test]
     fn alloc_maps_lazily_and_respects_the_limit() {
         let mut a = Arena::new(3);
-        assert_eq!(a.mapped_segments(), 0);
+        assert_eq!(a.mapped_bytes(), 0);
         let f: Vec<_> = (0..3).map(|_| a.alloc().unwrap()).collect();
-        assert_eq!(a.mapped_segments(), 1);
+        assert_eq!(a.mapped_bytes(), SEGMENT_BYTES);
         assert_eq!(a.alloc(), Err(ArenaFull::AtLimit));
         a.bytes_mut(f[0]).fill(7);
         a.copy_frame(f[0], f[1]);
         assert!(a.bytes(f[1]).iter().all(|&b| b == 7));
         a.validate();
         f.into_iter().for_each(|x| a.free(x));
-        assert_eq!(a.unmap_empty_segments(), 1);
+        assert!(a.release_segment(0, 0).is_some());
         assert_eq!(a.mapped_bytes(), 0);
+        a.validate();
+    }
+
+    #[test]
+    fn segments_are_2mib_aligned() {
+        let mut a = Arena::new(1);
+        let f = a.alloc().unwrap();
+        assert_eq!(a.bytes(f).as_ptr() as usize % SEGMENT_BYTES, 0);
+    }
+
+    #[test]
+    fn a_released_segment_drains_before_its_number_is_reused() {
+        let mut a = Arena::new(2 * FRAMES_PER_SEGMENT);
+        let f = a.alloc().unwrap();
+        let g = a.alloc().unwrap();
+        drop(a.release_segment(f.segment(), 2));
+        assert!(!a.is_live(f) && a.used() == 0);
+        a.validate();
+        // A new segment must not take the draining number.
+        let h = a.alloc().unwrap();
+        assert_ne!(h.segment(), f.segment());
+        a.free(f);
+        a.free(g);
+        assert!(a.draining().is_empty());
         a.validate();
     }
 

@@ -29,9 +29,7 @@ pub fn write_fill(word: u64, out: &mut [u8]) {
 /// different domains never meet in the dedup table. `None` when dedup is off.
 pub fn content_hash(page: &[u8], scope: DedupScope) -> Option<u128> {
     match scope {
-        DedupScope::Domain(domain) => {
-            Some(xxhash_rust::xxh3::xxh3_128_with_seed(page, domain.0))
-        }
+        DedupScope::Domain(domain) => Some(xxhash_rust::xxh3::xxh3_128_with_seed(page, domain.0)),
         DedupScope::Off => None,
     }
 }

@@ -23,12 +23,17 @@ use fallow_core::{
 use crate::arena::ArenaFull;
 use crate::compress::Compressor;
 use crate::config::EngineConfig;
-use crate::content::{fill_word, write_fill, Digest};
+use crate::content::{checksum, fill_word, write_fill, Digest};
 use crate::eviction;
 use crate::pools::{PoolCounters, PoolState, PoolTable};
 use crate::shard::{Shard, Slot, Value};
 use crate::stats::{BudgetReport, EngineStats, PoolStats};
-use crate::store::{InternOptions, Read, Store};
+use crate::store::{InternOptions, Read, ShrinkReport, Store};
+
+/// Segments released per store-lock hold when shrinking: bounds how long a get can wait
+/// behind a shrink (each segment costs a scan of its 512 owner slots, plus any persistent
+/// pages it moves).
+const SHRINK_STEP_SEGMENTS: usize = 8;
 
 /// The in-process page pool. Cheap to share: clone the `Arc` it lives in.
 pub struct Engine {
@@ -101,7 +106,21 @@ impl Engine {
     /// many frames (`pinned_over_budget`) and a warning is logged.
     pub fn set_budget(&self, budget_bytes: usize) -> BudgetReport {
         let start = Instant::now();
-        let shrink = self.inner.store.lock().set_budget(budget_bytes);
+        let mut shrink = ShrinkReport::default();
+        let mut longest_hold = std::time::Duration::ZERO;
+        self.inner.store.lock().set_budget(budget_bytes);
+        loop {
+            let held = Instant::now();
+            let (mappings, more) =
+                self.inner.store.lock().shrink_step(SHRINK_STEP_SEGMENTS, &mut shrink);
+            longest_hold = longest_hold.max(held.elapsed());
+            // Unmapped here, with no lock held: freeing the pages is the kernel's slowest
+            // part of giving memory back, and no reader has to wait for it.
+            drop(mappings);
+            if !more {
+                break;
+            }
+        }
         let elapsed = start.elapsed();
         let frames = budget_bytes / PAGE_SIZE;
         let per_shard = frames.div_ceil(self.inner.shards.len()).max(1);
@@ -118,8 +137,8 @@ impl Engine {
                 "persistent pages hold more than the new budget; they are kept"
             );
         }
-        tracing::info!(budget_bytes, ?shrink, ?elapsed, "lent budget changed");
-        BudgetReport { shrink, elapsed }
+        tracing::info!(budget_bytes, ?shrink, ?elapsed, ?longest_hold, "lent budget changed");
+        BudgetReport { shrink, elapsed, longest_hold }
     }
 
     /// Compresses up to `max` cold pages of pools with compression on, now. Returns how
@@ -230,7 +249,8 @@ impl Inner {
         let digest = Digest::of_unless_fill(page, fill, pool.spec.dedup);
         let hash = key_hash(&key);
         let s = self.shard_of(hash);
-        let mut result = self.put_locked(&mut self.shards[s].lock(), &pool, key, page, fill, digest, hash);
+        let mut result =
+            self.put_locked(&mut self.shards[s].lock(), &pool, key, page, fill, digest, hash);
         if matches!(result, Ok(Err(PutFail::NeedReclaim))) {
             // Nothing evictable in this shard: take room from the others (without holding
             // this shard's lock, to keep the lock order), then try once more.
@@ -342,25 +362,23 @@ impl Inner {
         match slot.value {
             Value::Fill(word) => write_fill(word, out),
             Value::Content(content) => {
-                let mut store = self.store.lock();
-                match store.read(content, out) {
-                    Read::Ok => {}
-                    lost => {
-                        let counter = match lost {
-                            Read::Corrupt => &pool.counters.corruptions,
-                            _ => &pool.counters.evictions,
-                        };
-                        PoolCounters::bump(counter);
-                        let slot = shard.remove(id);
-                        self.release(&mut store, &slot, Some(&pool.counters));
-                        return Lookup::Miss;
-                    }
-                }
-                if remove {
+                let copied = self.store.lock().copy_out(content, out);
+                // The checksum is checked without the store lock; our index entry keeps the
+                // content alive meanwhile, and a mismatch is judged again under the lock.
+                let found = match copied {
+                    Some(crc) if checksum(out) == crc => Read::Ok,
+                    Some(_) => self.store.lock().read(content, out),
+                    None => Read::Dead,
+                };
+                if found != Read::Ok {
+                    let counter = match found {
+                        Read::Corrupt => &pool.counters.corruptions,
+                        _ => &pool.counters.evictions,
+                    };
+                    PoolCounters::bump(counter);
                     let slot = shard.remove(id);
-                    self.release(&mut store, &slot, Some(&pool.counters));
-                    PoolCounters::bump(&pool.counters.invalidations);
-                    return Lookup::Hit;
+                    self.release(&mut self.store.lock(), &slot, Some(&pool.counters));
+                    return Lookup::Miss;
                 }
             }
         }
@@ -448,7 +466,12 @@ impl Inner {
                 }
                 let state = self.pools.read().get(slot.key.pool);
                 let state = state.unwrap_or_else(|_| panic!("{:?} in an unknown pool", slot.key));
-                assert_eq!(slot.persistent, state.persistent(), "{:?} has the wrong kind", slot.key);
+                assert_eq!(
+                    slot.persistent,
+                    state.persistent(),
+                    "{:?} has the wrong kind",
+                    slot.key
+                );
             }
         }
         store.validate(&refs);

@@ -134,6 +134,8 @@ impl EngineStats {
 pub struct BudgetReport {
     /// Segments released, pages dropped or moved, pinned frames over budget.
     pub shrink: ShrinkReport,
-    /// Time spent with the store locked.
+    /// Time the whole change took, unmapping included.
     pub elapsed: Duration,
+    /// The longest single hold of the store lock: how long a get could have waited.
+    pub longest_hold: Duration,
 }

@@ -168,7 +168,10 @@ fn wrong_lengths_and_bad_specs_are_typed_errors() {
     let bad = StoreError::BadLength { got: 100, expected: PAGE_SIZE };
     assert_eq!(e.put(key, &[0u8; 100]), Err(bad.clone()));
     assert_eq!(e.get(key, &mut [0u8; 100]), Err(bad));
-    assert!(matches!(e.get_many(&[key, key], &mut [0u8; PAGE_SIZE]), Err(StoreError::BadLength { .. })));
+    assert!(matches!(
+        e.get_many(&[key, key], &mut [0u8; PAGE_SIZE]),
+        Err(StoreError::BadLength { .. })
+    ));
     assert!(matches!(
         e.create_pool(&PoolSpec::ephemeral().quota_pages(3)),
         Err(StoreError::InvalidSpec(_))

@@ -189,8 +189,12 @@ impl Harness {
         }
         self.engine.validate();
         // Every persistent page of the model is still there, with its bytes.
-        let persistent: Vec<_> =
-            self.model.iter().filter(|(k, _)| self.persistent(**k)).map(|(k, c)| (*k, *c)).collect();
+        let persistent: Vec<_> = self
+            .model
+            .iter()
+            .filter(|(k, _)| self.persistent(**k))
+            .map(|(k, c)| (*k, *c))
+            .collect();
         for (key, content) in persistent {
             let mut out = vec![0u8; PAGE_SIZE];
             assert!(self.engine.get(key, &mut out).unwrap().is_hit(), "{key:?} lost");

@@ -94,3 +94,70 @@ fn threads_never_see_wrong_or_torn_pages() {
     assert!(ops > 10_000, "only {ops} operations ran");
     engine.validate();
 }
+
+#[test]
+fn shrinking_and_growing_under_load_keeps_persistent_pages_and_never_serves_stale_ones() {
+    use fallow_pool::SEGMENT_BYTES;
+    let seg_pages = SEGMENT_BYTES / PAGE_SIZE;
+    let engine = Arc::new(Engine::new(
+        EngineBuilder::new(8 * SEGMENT_BYTES).shards(4).compress_interval(None).build().unwrap(),
+    ));
+    let cache = engine.create_pool(&PoolSpec::ephemeral()).unwrap();
+    let keep = engine.create_pool(&PoolSpec::persistent()).unwrap();
+    // A persistent page in every 64, spread over every segment as the cache fills.
+    let persistent: Vec<PageKey> =
+        (0..seg_pages as u64 / 8).map(|i| PageKey::new(keep, 0, i)).collect();
+    for key in &persistent {
+        let _ = engine.put(*key, &page(*key, 0)).unwrap();
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..2)
+        .map(|t| {
+            let (engine, stop) = (engine.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(100 + t);
+                let mut out = vec![0u8; PAGE_SIZE];
+                let mut ops = 0u64;
+                while !stop.load(Ordering::Relaxed) && ops < 2_000_000 {
+                    let key = PageKey::new(cache, t, rng.gen_range(0..(6 * seg_pages) as u64));
+                    if rng.gen_bool(0.5) {
+                        let _ = engine.put(key, &page(key, rng.gen_range(0..2))).unwrap();
+                    } else if engine.get(key, &mut out).unwrap().is_hit() {
+                        check(key, &out);
+                    }
+                    ops += 1;
+                }
+                ops
+            })
+        })
+        .collect();
+    let mut out = vec![0u8; PAGE_SIZE];
+    for round in 0..12 {
+        // Let the workers fill more than the smaller budget (bounded in time).
+        let waited = Instant::now();
+        while round % 2 == 0
+            && engine.stats().mapped_bytes <= 3 * SEGMENT_BYTES
+            && waited.elapsed() < Duration::from_secs(5)
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let segments = if round % 2 == 0 { 2 } else { 8 };
+        let report = engine.set_budget(segments * SEGMENT_BYTES);
+        assert!(engine.stats().mapped_bytes <= 8 * SEGMENT_BYTES);
+        if round % 2 == 0 {
+            let stats = engine.stats();
+            assert!(stats.frames_used <= 2 * seg_pages, "{report:?}");
+            assert!(stats.mapped_bytes <= 2 * SEGMENT_BYTES, "{report:?}");
+            assert!(report.shrink.segments_released > 0, "{report:?}");
+        }
+        for key in &persistent {
+            assert!(engine.get(*key, &mut out).unwrap().is_hit(), "persistent {key:?} lost");
+            check(*key, &out);
+        }
+        engine.validate();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let ops: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
+    assert!(ops > 1000, "only {ops} operations ran");
+    engine.validate();
+}

@@ -8,6 +8,7 @@ use std::collections::HashSet;
 use proptest::prelude::*;
 
 use super::{by_name, Eviction, Lru, S3Fifo, SlotId, WTinyLfu, POLICY_NAMES};
+use super::{Adaptive, Lirs};
 
 /// How the suite builds a policy for a cache of `capacity` pages.
 trait Build: Eviction + Sized {
@@ -31,6 +32,18 @@ impl Build for S3Fifo {
 impl Build for WTinyLfu {
     fn build(capacity: usize) -> Self {
         WTinyLfu::new(capacity)
+    }
+}
+
+impl Build for Adaptive {
+    fn build(capacity: usize) -> Self {
+        Adaptive::new(capacity)
+    }
+}
+
+impl Build for Lirs {
+    fn build(capacity: usize) -> Self {
+        Lirs::new(capacity)
     }
 }
 
@@ -278,7 +291,7 @@ macro_rules! conformance_suite {
     )+};
 }
 
-conformance_suite!(lru: Lru, s3fifo: S3Fifo, wtinylfu: WTinyLfu);
+conformance_suite!(lru: Lru, s3fifo: S3Fifo, wtinylfu: WTinyLfu, lirs: Lirs, adaptive: Adaptive);
 
 macro_rules! scan_resistance {
     ($($name:ident: $policy:ty),+ $(,)?) => {$(
@@ -292,7 +305,7 @@ macro_rules! scan_resistance {
 mod scan_resistance {
     use super::*;
 
-    scan_resistance!(s3fifo: S3Fifo, wtinylfu: WTinyLfu);
+    scan_resistance!(s3fifo: S3Fifo, wtinylfu: WTinyLfu, lirs: Lirs, adaptive: Adaptive);
 }
 
 #[test]

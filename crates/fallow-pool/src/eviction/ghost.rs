@@ -65,11 +65,6 @@ impl Ghost {
         self.live.remove(&fp).is_some()
     }
 
-    /// How many fingerprints are remembered.
-    pub(crate) fn len(&self) -> usize {
-        self.live.len()
-    }
-
     /// Heap bytes of the ring and the map (an estimate for the map: key, value and one
     /// control byte per bucket).
     pub(crate) fn heap_bytes(&self) -> usize {

@@ -36,6 +36,14 @@ pub trait Eviction: Send + 'static {
     /// Stops tracking a page that left for another reason (take, invalidate, overwrite).
     fn remove(&mut self, id: SlotId);
 
+    /// Stops tracking a page that was evicted, but not by this policy (another policy chose
+    /// it: see `adaptive.rs`). A policy that keeps a history of its victims (a ghost queue,
+    /// non-resident LIRS entries) records this page as it would its own victim; the default
+    /// just removes it.
+    fn on_evicted(&mut self, id: SlotId) {
+        self.remove(id);
+    }
+
     /// Chooses a victim, stops tracking it and returns it; `None` only when nothing is
     /// tracked.
     fn pop_victim(&mut self) -> Option<SlotId>;
@@ -55,7 +63,9 @@ pub trait Eviction: Send + 'static {
     fn validate(&self);
 }
 
+mod adaptive;
 mod ghost;
+mod lirs;
 mod list;
 mod lru;
 mod s3fifo;
@@ -65,24 +75,29 @@ mod wtinylfu;
 #[cfg(test)]
 mod conformance;
 
+pub use adaptive::Adaptive;
+pub use lirs::Lirs;
 pub use lru::Lru;
 pub use s3fifo::S3Fifo;
 pub use wtinylfu::{WTinyLfu, WindowSizing};
 
 /// Every name [`by_name`] accepts.
-pub const POLICY_NAMES: &[&str] = &["lru", "s3fifo", "wtinylfu"];
+pub const POLICY_NAMES: &[&str] = &["adaptive", "lru", "s3fifo", "wtinylfu", "lirs"];
 
-/// The policy a pool uses unless configured otherwise.
-pub const DEFAULT_POLICY: &str = "wtinylfu";
+/// The policy a pool uses unless configured otherwise: `adaptive`, which lets miniature
+/// simulations pick among LRU, S3-FIFO, LIRS and W-TinyLFU (see `adaptive.rs` and the
+/// trace results in `BENCHMARKS.md`).
+pub const DEFAULT_POLICY: &str = "adaptive";
 
 /// Builds the policy called `name` for a cache of `capacity` pages; `None` for an unknown
 /// name.
 pub fn by_name(name: &str, capacity: usize) -> Option<Box<dyn Eviction>> {
     let policy: Box<dyn Eviction> = match name {
+        "adaptive" => Box::new(Adaptive::new(capacity)),
         "lru" => Box::new(Lru::new()),
         "s3fifo" => Box::new(S3Fifo::new(capacity)),
         "wtinylfu" => Box::new(WTinyLfu::new(capacity)),
-        "wtinylfu-ghost" => Box::new(WTinyLfu::with_sizing(capacity, WindowSizing::Ghosts)),
+        "lirs" => Box::new(Lirs::new(capacity)),
         _ => return None,
     };
     Some(policy)

@@ -102,8 +102,8 @@ impl FrequencySketch {
 /// Caffeine's `spread`: a cheap rehash of the 32-bit fingerprint.
 fn spread(fp: u32) -> u64 {
     let mut x = fp;
-    x = ((x >> 16) ^ x).wrapping_mul(0x45d9_f3b);
-    x = ((x >> 16) ^ x).wrapping_mul(0x45d9_f3b);
+    x = ((x >> 16) ^ x).wrapping_mul(0x045d_9f3b);
+    x = ((x >> 16) ^ x).wrapping_mul(0x045d_9f3b);
     u64::from((x >> 16) ^ x)
 }
 

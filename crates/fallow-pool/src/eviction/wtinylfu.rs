@@ -23,7 +23,6 @@
 //! estimates of two resident pages, and `pop_victim` is not given hashes) and one state
 //! byte: 13 bytes, plus the sketch's 8 bytes per page of capacity.
 
-use super::ghost::Ghost;
 use super::list::{Links, List};
 use super::sketch::FrequencySketch;
 use super::{Eviction, SlotId};
@@ -72,10 +71,6 @@ pub struct WTinyLfu {
     climber: Climber,
     /// How the window's share is tuned.
     sizing: WindowSizing,
-    /// Ghost sizing: fingerprints of candidates the window lost at admission.
-    lost_in_window: Ghost,
-    /// Ghost sizing: fingerprints of pages evicted from the main space.
-    lost_in_main: Ghost,
     /// xorshift state for the hash-flooding defence; deterministic, so runs repeat.
     rng: u64,
 }
@@ -85,9 +80,6 @@ pub struct WTinyLfu {
 pub enum WindowSizing {
     /// Caffeine's hill climber on the sampled hit rate.
     HillClimber,
-    /// ARC's rule on two ghosts: a miss on a page the window lost grows the window, a miss
-    /// on a page the main space lost shrinks it, by the ratio of the ghosts' sizes.
-    Ghosts,
     /// A fixed window of this many percent of the capacity (at least one page).
     Fixed(u8),
 }
@@ -123,8 +115,6 @@ impl WTinyLfu {
             protected_max: 0,
             climber: Climber::default(),
             sizing,
-            lost_in_window: Ghost::default(),
-            lost_in_main: Ghost::default(),
             rng: 0x2545_f491_4f6c_dd1d,
         };
         s.set_capacity(capacity);
@@ -254,33 +244,8 @@ impl WTinyLfu {
     }
 
     fn evict(&mut self, id: SlotId) -> SlotId {
-        if self.sizing == WindowSizing::Ghosts {
-            let fp = self.fingerprint[id as usize];
-            match self.region(id) {
-                Region::Window => self.lost_in_window.push(fp),
-                _ => self.lost_in_main.push(fp),
-            }
-        }
         self.relink(id, Region::Untracked);
         id
-    }
-
-    /// ARC's adaptation applied to the window/main split.
-    fn adapt_by_ghosts(&mut self, fp: u32) {
-        let (w, m) = (self.lost_in_window.len().max(1), self.lost_in_main.len().max(1));
-        if self.lost_in_window.take(fp) {
-            let delta = (m / w).max(1);
-            self.set_window_max((self.window_max + delta).min(self.capacity));
-        } else if self.lost_in_main.take(fp) {
-            let delta = (w / m).max(1);
-            self.set_window_max(self.window_max.saturating_sub(delta).max(1));
-        }
-    }
-
-    fn set_window_max(&mut self, window_max: usize) {
-        self.window_max = window_max;
-        self.protected_max =
-            (PERCENT_MAIN_PROTECTED * (self.capacity - window_max) as f64) as usize;
     }
 }
 
@@ -301,8 +266,6 @@ impl Eviction for WTinyLfu {
         self.protected_max = (PERCENT_MAIN_PROTECTED * (pages - self.window_max) as f64) as usize;
         self.climber = Climber { step: -STEP_PERCENT * pages as f64, ..Climber::default() };
         self.sketch.set_capacity(pages);
-        self.lost_in_window.set_capacity(pages);
-        self.lost_in_main.set_capacity(pages);
         self.demote_protected();
     }
 
@@ -315,9 +278,6 @@ impl Eviction for WTinyLfu {
         debug_assert_eq!(self.region(id), Region::Untracked, "slot {id} is already tracked");
         let fp = hash as u32;
         self.fingerprint[id as usize] = fp;
-        if self.sizing == WindowSizing::Ghosts {
-            self.adapt_by_ghosts(fp);
-        }
         self.relink(id, Region::Window);
         // Before the cache is full the window spills into probation without evicting.
         while self.window.len() > self.window_max {

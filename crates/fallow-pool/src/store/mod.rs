@@ -11,19 +11,51 @@
 //!  dedup: hash(domain, bytes) ──▶ ContentId    owner[f] = ContentId (for compaction)
 //! ```
 //!
-//! A `Dead` content lost its bytes (the budget shrank under it, or its checksum failed):
-//! every get through it misses, and its slot is reused once the last entry lets go.
+//! A content loses its bytes when its checksum fails (it becomes `Dead`) or when the budget
+//! shrinks and its segment is returned to the OS (it still names a frame, but the frame's
+//! segment is no longer mapped). Either way every get through it misses, and its slot is
+//! reused once the last entry lets go.
 //!
 //! # Locking
 //! A `Store` is guarded by the engine's store mutex, taken after a shard mutex
 //! (`docs/concurrency.md`). Every method here runs with that mutex held.
 
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 
 use fallow_core::PAGE_SIZE;
 
 use crate::arena::{Arena, ArenaFull, FrameId, FRAMES_PER_SEGMENT};
 use crate::content::Digest;
+
+mod shrink;
+
+pub use shrink::ShrinkReport;
+
+/// The dedup table's keys are already 128-bit hashes: hashing them again (SipHash, the
+/// std default) would only cost time.
+#[derive(Default)]
+struct PassThrough(u64);
+
+impl std::hash::Hasher for PassThrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            self.0 ^= u64::from_le_bytes(w);
+        }
+    }
+
+    fn write_u128(&mut self, v: u128) {
+        self.0 ^= v as u64;
+    }
+}
+
+type DedupTable = HashMap<u128, ContentId, BuildHasherDefault<PassThrough>>;
 
 /// A stored page's bytes, shared by every index entry with the same content.
 pub type ContentId = u32;
@@ -71,19 +103,6 @@ pub enum Read {
     Corrupt,
 }
 
-/// What a shrink did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ShrinkReport {
-    /// Segments returned to the OS.
-    pub segments_released: usize,
-    /// Contents whose bytes were dropped (their keys now miss).
-    pub contents_dropped: usize,
-    /// Contents moved to another frame so their segment could go.
-    pub frames_moved: usize,
-    /// Frames the budget could not shed because persistent pages hold them.
-    pub pinned_over_budget: usize,
-}
-
 /// Page bytes, their checksums and the dedup table.
 pub struct Store {
     arena: Arena,
@@ -91,12 +110,17 @@ pub struct Store {
     owner: Vec<ContentId>,
     contents: Vec<Content>,
     free_contents: Vec<ContentId>,
-    dedup: HashMap<u128, ContentId>,
+    dedup: DedupTable,
+    /// Segment number → frames in it whose content is pinned (a persistent page), so a
+    /// shrink can pick the segments that are cheapest to release.
+    pinned: Vec<u32>,
     blobs: HashMap<ContentId, Box<[u8]>>,
     blob_bytes: usize,
     budget_bytes: usize,
     /// The compressor's clock hand over `contents`.
     hand: usize,
+    /// Where a shrink looks next for an unpinned page to drop (a hand over frames).
+    cursor: usize,
     corruptions: u64,
     dropped: u64,
 }
@@ -111,11 +135,13 @@ impl Store {
             owner: Vec::new(),
             contents: Vec::new(),
             free_contents: Vec::new(),
-            dedup: HashMap::new(),
+            dedup: DedupTable::default(),
+            pinned: Vec::new(),
             blobs: HashMap::new(),
             blob_bytes: 0,
             budget_bytes,
             hand: 0,
+            cursor: 0,
             corruptions: 0,
             dropped: 0,
         }
@@ -143,10 +169,9 @@ impl Store {
         if let Some(hash) = digest.hash {
             if let Some(&id) = self.dedup.get(&hash) {
                 if self.same_bytes(id, page) {
-                    let c = &mut self.contents[id as usize];
-                    c.refs += 1;
+                    self.contents[id as usize].refs += 1;
                     if opts.pinned {
-                        c.flags |= PINNED;
+                        self.pin(id);
                     }
                     return Ok(id);
                 }
@@ -155,9 +180,6 @@ impl Store {
         let frame = self.arena.alloc()?;
         self.arena.bytes_mut(frame).copy_from_slice(page);
         let mut flags = 0;
-        if opts.pinned {
-            flags |= PINNED;
-        }
         if opts.compressible {
             flags |= COMPRESSIBLE | ACCESSED;
         }
@@ -178,24 +200,63 @@ impl Store {
             }
         };
         if let Some(hash) = digest.hash {
-            // A hash collision with different bytes keeps the first content in the table;
-            // the new one is simply not shared.
-            self.dedup.entry(hash).or_insert(id);
+            // A hash collision with different bytes keeps the first content in the table
+            // and the new one is simply not shared, unless the first has lost its bytes.
+            let current = self.dedup.get(&hash).copied();
+            if current.is_none_or(|old| !self.is_live(old)) {
+                self.dedup.insert(hash, id);
+            }
         }
         self.set_owner(frame, id);
+        if opts.pinned {
+            self.pin(id);
+        }
         Ok(id)
     }
 
     fn set_owner(&mut self, frame: FrameId, id: ContentId) {
         if self.owner.len() < self.arena.frame_table_len() {
             self.owner.resize(self.arena.frame_table_len(), NO_OWNER);
+            self.pinned.resize(self.arena.frame_table_len() / FRAMES_PER_SEGMENT, 0);
         }
         self.owner[frame.index()] = id;
     }
 
+    /// Marks a content pinned (a persistent entry refers to it), once.
+    fn pin(&mut self, id: ContentId) {
+        let c = &mut self.contents[id as usize];
+        if c.flags & PINNED == 0 {
+            c.flags |= PINNED;
+            if let Place::Frame(f) = c.place {
+                self.pinned[f.segment()] += 1;
+            }
+        }
+    }
+
+    /// Records that a content's frame changes from `from` to `to` (either may be none).
+    fn move_pin(&mut self, id: ContentId, from: Option<FrameId>, to: Option<FrameId>) {
+        if self.contents[id as usize].flags & PINNED != 0 {
+            if let Some(f) = from {
+                self.pinned[f.segment()] -= 1;
+            }
+            if let Some(t) = to {
+                self.pinned[t.segment()] += 1;
+            }
+        }
+    }
+
+    /// True when a content still has its bytes (in a mapped frame, or compressed).
+    fn is_live(&self, id: ContentId) -> bool {
+        match self.contents[id as usize].place {
+            Place::Frame(f) => self.arena.is_live(f),
+            Place::Compressed => true,
+            Place::Dead => false,
+        }
+    }
+
     fn same_bytes(&self, id: ContentId, page: &[u8]) -> bool {
         match self.contents[id as usize].place {
-            Place::Frame(f) => self.arena.bytes(f) == page,
+            Place::Frame(f) => self.arena.is_live(f) && self.arena.bytes(f) == page,
             Place::Compressed => {
                 let mut buf = [0u8; PAGE_SIZE];
                 self.decompress(id, &mut buf) && buf[..] == *page
@@ -229,7 +290,9 @@ impl Store {
         }
         match place {
             Place::Frame(f) => {
+                self.move_pin(id, Some(f), None);
                 self.owner[f.index()] = NO_OWNER;
+                // A frame in a released segment only lets go of the segment.
                 self.arena.free(f);
             }
             Place::Compressed => {
@@ -242,19 +305,29 @@ impl Store {
         }
     }
 
-    /// Copies a content's bytes into `out` and checks them.
-    pub fn read(&mut self, id: ContentId, out: &mut [u8]) -> Read {
-        let c = &self.contents[id as usize];
-        let ok = match c.place {
-            Place::Frame(f) => {
-                out.copy_from_slice(self.arena.bytes(f));
-                true
+    /// Copies a content's bytes into `out` and returns the checksum they must have; the
+    /// caller checks it after releasing the store lock (the check costs as much as the
+    /// copy), and calls [`Store::read`] on a mismatch. `None`: the bytes are gone.
+    pub fn copy_out(&mut self, id: ContentId, out: &mut [u8]) -> Option<u32> {
+        let c = &mut self.contents[id as usize];
+        match c.place {
+            Place::Frame(f) if self.arena.is_live(f) => out.copy_from_slice(self.arena.bytes(f)),
+            Place::Frame(_) | Place::Dead => return None,
+            // A corrupt blob fails the caller's checksum check like a corrupt frame.
+            Place::Compressed => {
+                let _ = self.decompress(id, out);
             }
-            Place::Compressed => self.decompress(id, out),
-            Place::Dead => return Read::Dead,
-        };
-        if ok && crate::content::checksum(out) == c.crc {
-            self.contents[id as usize].flags |= ACCESSED;
+        }
+        let c = &mut self.contents[id as usize];
+        c.flags |= ACCESSED;
+        Some(c.crc)
+    }
+
+    /// Copies a content's bytes into `out` and checks them, all under the lock. A content
+    /// that fails its checksum is dropped.
+    pub fn read(&mut self, id: ContentId, out: &mut [u8]) -> Read {
+        let Some(crc) = self.copy_out(id, out) else { return Read::Dead };
+        if crate::content::checksum(out) == crc {
             return Read::Ok;
         }
         self.corruptions += 1;
@@ -281,7 +354,7 @@ impl Store {
             self.hand = (self.hand + 1) % n;
             let c = &mut self.contents[id as usize];
             let Place::Frame(frame) = c.place else { continue };
-            if c.refs == 0 || c.flags & COMPRESSIBLE == 0 {
+            if c.refs == 0 || c.flags & COMPRESSIBLE == 0 || !self.arena.is_live(frame) {
                 continue;
             }
             if c.flags & ACCESSED != 0 {
@@ -295,6 +368,7 @@ impl Store {
                 continue;
             }
             c.place = Place::Compressed;
+            self.move_pin(id, Some(frame), None);
             self.owner[frame.index()] = NO_OWNER;
             self.arena.free(frame);
             self.blob_bytes += packed.len();
@@ -303,117 +377,6 @@ impl Store {
             done += 1;
         }
         done
-    }
-
-    /// Changes the budget. Growing only raises the limit (segments are mapped on demand).
-    /// Shrinking drops compressed and then in-frame pages that no persistent entry pins,
-    /// moves pinned pages out of the segments to be released, and unmaps those segments.
-    pub fn set_budget(&mut self, budget_bytes: usize) -> ShrinkReport {
-        self.budget_bytes = budget_bytes;
-        let mut report = ShrinkReport::default();
-        // Compressed pages first: they are the coldest.
-        let ids: Vec<ContentId> = self.blobs.keys().copied().collect();
-        for id in ids {
-            if self.blob_bytes.div_ceil(PAGE_SIZE) + self.arena.used()
-                <= budget_bytes / PAGE_SIZE
-            {
-                break;
-            }
-            if self.contents[id as usize].flags & PINNED == 0 {
-                self.drop_bytes(id);
-                report.contents_dropped += 1;
-            }
-        }
-        self.refresh_frame_limit();
-        let limit = self.arena.limit();
-        let keep_segments = limit.div_ceil(FRAMES_PER_SEGMENT);
-        let mut by_pinned = self.pinned_per_segment();
-        if by_pinned.len() > keep_segments {
-            // Keep the segments with the most pinned pages: fewest moves.
-            by_pinned.sort_by_key(|&(seg, pinned, used)| std::cmp::Reverse((pinned, used, seg)));
-            let release: Vec<usize> = by_pinned[keep_segments..].iter().map(|s| s.0).collect();
-            let must_move: usize = by_pinned[keep_segments..].iter().map(|s| s.1).sum();
-            self.evacuate(&release, must_move, &mut report);
-        }
-        // Fewer segments may still leave more frames in use than the limit allows.
-        self.drop_unpinned_until(limit, &mut report);
-        report.segments_released += self.arena.unmap_empty_segments();
-        report.pinned_over_budget = self.arena.used().saturating_sub(limit);
-        self.dropped += report.contents_dropped as u64;
-        report
-    }
-
-    /// `(segment, pinned frames, used frames)` for every mapped segment.
-    fn pinned_per_segment(&self) -> Vec<(usize, usize, usize)> {
-        let mut pinned = vec![0usize; self.arena.frame_table_len() / FRAMES_PER_SEGMENT];
-        for (f, &id) in self.owner.iter().enumerate() {
-            if id != NO_OWNER && self.contents[id as usize].flags & PINNED != 0 {
-                pinned[f / FRAMES_PER_SEGMENT] += 1;
-            }
-        }
-        self.arena.segments_by_use().into_iter().map(|(seg, used)| (seg, pinned[seg], used)).collect()
-    }
-
-    /// Empties the segments in `release`: their unpinned pages are dropped; their
-    /// `must_move` pinned pages move to frames elsewhere, and unpinned pages elsewhere are
-    /// dropped to make room for them. Pinned pages with nowhere to go stay (and are
-    /// reported by the caller as over budget).
-    fn evacuate(&mut self, release: &[usize], must_move: usize, report: &mut ShrinkReport) {
-        let mut pinned = Vec::with_capacity(must_move);
-        for &seg in release {
-            for frame in Arena::frames_of(seg) {
-                let id = self.owner.get(frame.index()).copied().unwrap_or(NO_OWNER);
-                if id == NO_OWNER {
-                    continue;
-                }
-                if self.contents[id as usize].flags & PINNED == 0 {
-                    self.drop_bytes(id);
-                    report.contents_dropped += 1;
-                } else {
-                    pinned.push(frame);
-                }
-            }
-        }
-        // Make room in the kept segments for the pinned pages that must move.
-        let kept_free = (self.arena.mapped_segments() - release.len())
-            * FRAMES_PER_SEGMENT;
-        let kept_used = self.arena.used() - pinned.len();
-        let mut short = pinned.len().saturating_sub(kept_free.saturating_sub(kept_used));
-        let mut f = 0;
-        while short > 0 && f < self.owner.len() {
-            let id = self.owner[f];
-            if id != NO_OWNER
-                && !release.contains(&(f / FRAMES_PER_SEGMENT))
-                && self.contents[id as usize].flags & PINNED == 0
-            {
-                self.drop_bytes(id);
-                report.contents_dropped += 1;
-                short -= 1;
-            }
-            f += 1;
-        }
-        for frame in pinned {
-            let Some(to) = self.arena.alloc_outside(release) else { break };
-            let id = self.owner[frame.index()];
-            self.arena.copy_frame(frame, to);
-            self.contents[id as usize].place = Place::Frame(to);
-            self.set_owner(to, id);
-            self.owner[frame.index()] = NO_OWNER;
-            self.arena.free(frame);
-            report.frames_moved += 1;
-        }
-    }
-
-    fn drop_unpinned_until(&mut self, limit: usize, report: &mut ShrinkReport) {
-        let mut f = 0;
-        while self.arena.used() > limit && f < self.owner.len() {
-            let id = self.owner[f];
-            if id != NO_OWNER && self.contents[id as usize].flags & PINNED == 0 {
-                self.drop_bytes(id);
-                report.contents_dropped += 1;
-            }
-            f += 1;
-        }
     }
 
     /// Current numbers, for stats.
@@ -440,6 +403,7 @@ impl Store {
             + self.owner.capacity() * size_of::<ContentId>()
             + self.contents.capacity() * size_of::<Content>()
             + self.free_contents.capacity() * size_of::<ContentId>()
+            + self.pinned.capacity() * size_of::<u32>()
             + dedup
             + blobs
     }
@@ -448,6 +412,8 @@ impl Store {
     /// the index) and the arena, owner table and dedup table agree.
     pub fn validate(&self, refs: &HashMap<ContentId, u32>) {
         self.arena.validate();
+        let mut pinned = vec![0u32; self.pinned.len()];
+        let mut stale = HashMap::<usize, usize>::new();
         let mut live = 0;
         for (id, c) in self.contents.iter().enumerate() {
             let id = id as ContentId;
@@ -460,7 +426,14 @@ impl Store {
             match c.place {
                 Place::Frame(f) => {
                     assert_eq!(self.owner[f.index()], id, "frame {f:?} owner mismatch");
-                    assert!(!self.arena.is_free(f), "content {id} in free frame {f:?}");
+                    if self.arena.is_live(f) {
+                        assert!(!self.arena.is_free(f), "content {id} in free frame {f:?}");
+                        if c.flags & PINNED != 0 {
+                            pinned[f.segment()] += 1;
+                        }
+                    } else {
+                        *stale.entry(f.segment()).or_insert(0) += 1;
+                    }
                 }
                 Place::Compressed => assert!(self.blobs.contains_key(&id), "blob missing"),
                 Place::Dead => {}
@@ -477,6 +450,10 @@ impl Store {
             let c = &self.contents[id as usize];
             assert!(c.refs > 0 && c.flags & HASHED != 0 && c.hash == hash, "stale dedup entry");
         }
+        assert_eq!(pinned, self.pinned, "pinned frame counts per segment drifted");
+        let mut draining: Vec<(usize, usize)> = stale.into_iter().collect();
+        draining.sort_unstable();
+        assert_eq!(draining, self.arena.draining(), "stale frames of released segments drifted");
         let blob_bytes: usize = self.blobs.values().map(|b| b.len()).sum();
         assert_eq!(blob_bytes, self.blob_bytes, "compressed byte count drifted");
     }

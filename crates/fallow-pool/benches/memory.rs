@@ -1,0 +1,382 @@
+//! Memory use of the in-process engine (issue #2), printed as markdown tables:
+//!
+//! * (a) metadata bytes per cached page: an engine of 256 MiB filled with 65536 unique
+//!   pages (ephemeral, then persistent), as the engine reports it
+//!   (`EngineStats::metadata_bytes / pages`) and as the process RSS grows (VmRSS after the
+//!   fill minus VmRSS before, minus the page bytes). Each case runs in a child process of
+//!   this binary, so that neither sees the heap the other freed.
+//! * (b) giving back 1 GiB: an engine of 1.25 GiB filled with 327680 unique ephemeral
+//!   pages, then `set_budget(256 MiB)`; five runs, refilled each time.
+//! * (c) the same give-back while a reader thread keeps calling `get`: the longest and the
+//!   99th-percentile get latency around the shrink.
+//!
+//! `FALLOW_BENCH_QUICK=1` (or `--quick`) divides every size by 8.
+//! Run with `cargo bench -p fallow-pool --bench memory`, or `bash bench/engine.sh`.
+
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use fallow_core::{PageKey, PageStore, PoolSpec, PutOutcome, PAGE_SIZE};
+use fallow_pool::{BudgetReport, Engine, EngineBuilder};
+
+const MIB: usize = 1 << 20;
+const RUNS: usize = 5;
+/// Target of (a), bytes per page.
+const METADATA_TARGET: f64 = 32.0;
+/// Target of (b), and of the longest get in (c).
+const SHRINK_TARGET: Duration = Duration::from_millis(10);
+const STALL_TARGET: Duration = Duration::from_millis(1);
+
+/// Sizes, divided by `scale` in quick mode.
+#[derive(Clone, Copy)]
+struct Sizes {
+    scale: usize,
+    metadata_budget: usize,
+    big_budget: usize,
+    small_budget: usize,
+}
+
+impl Sizes {
+    fn new(quick: bool) -> Self {
+        let scale = if quick { 8 } else { 1 };
+        Self {
+            scale,
+            metadata_budget: 256 * MIB / scale,
+            big_budget: 1280 * MIB / scale,
+            small_budget: 256 * MIB / scale,
+        }
+    }
+}
+
+/// A page whose bytes are unique to `seed` (xorshift words) and not same-filled.
+fn page(seed: u64, out: &mut [u8]) {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    for chunk in out.chunks_exact_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes());
+    }
+}
+
+/// The key of the `i`-th page: 1024 pages per object.
+fn key(pool: fallow_core::PoolId, i: u64) -> PageKey {
+    PageKey::new(pool, i / 1024, i % 1024)
+}
+
+/// The process's resident set in bytes, from `/proc/self/status`.
+fn rss_bytes() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+fn engine(budget: usize) -> Engine {
+    let config = EngineBuilder::new(budget).compress_interval(None).build();
+    Engine::new(config.expect("a valid bench configuration"))
+}
+
+/// Creates a pool of `spec` and fills it with `budget / PAGE_SIZE` unique pages, showing
+/// progress on stderr. Panics if a put is not stored (the budget holds every page).
+fn fill(e: &Engine, spec: &PoolSpec, what: &str) -> fallow_core::PoolId {
+    let pool = e.create_pool(spec).expect("pool created");
+    let n = (e.config().budget_bytes / PAGE_SIZE) as u64;
+    let mut buf = vec![0u8; PAGE_SIZE];
+    let start = Instant::now();
+    for i in 0..n {
+        page(i, &mut buf);
+        let stored = e.put(key(pool, i), &buf).expect("put");
+        assert_eq!(stored, PutOutcome::Stored, "page {i} of {n} not stored");
+        if i % (n / 8).max(1) == 0 {
+            eprint!("\r  {what}: filling {:>3}% ({i}/{n} pages)", i * 100 / n);
+        }
+    }
+    eprintln!("\r  {what}: filled {n} pages in {:.2?}          ", start.elapsed());
+    pool
+}
+
+/// (a), run in a child process: prints one `RESULT` line for the parent.
+fn metadata_case(sizes: Sizes, kind: &str) {
+    let spec = match kind {
+        "persistent" => PoolSpec::persistent(),
+        _ => PoolSpec::ephemeral(),
+    };
+    let before = rss_bytes();
+    let e = engine(sizes.metadata_budget);
+    fill(&e, &spec, kind);
+    let after = rss_bytes();
+    let s = e.stats();
+    println!(
+        "RESULT pages={} metadata={} mapped={} rss_delta={}",
+        s.pages,
+        s.metadata_bytes,
+        s.mapped_bytes,
+        after.saturating_sub(before)
+    );
+}
+
+/// Runs (a) for `kind` in a child process and parses its `RESULT` line.
+fn metadata_child(sizes: Sizes, kind: &str) -> Vec<(String, usize)> {
+    let exe = std::env::current_exe().expect("own path");
+    let mut cmd = Command::new(exe);
+    cmd.args(["--case", kind]);
+    if sizes.scale > 1 {
+        cmd.arg("--quick");
+    }
+    let out = cmd.output().expect("child process ran");
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "metadata case {kind} failed: {}", out.status);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().find_map(|l| l.strip_prefix("RESULT ")).expect("a RESULT line");
+    line.split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.parse().expect("a number")))
+        .collect()
+}
+
+fn metadata(sizes: Sizes) {
+    let mut rows = Vec::new();
+    for kind in ["ephemeral", "persistent"] {
+        let r = metadata_child(sizes, kind);
+        let get = |k: &str| r.iter().find(|(n, _)| n == k).map_or(0, |(_, v)| *v);
+        let pages = get("pages").max(1);
+        let reported = get("metadata") as f64 / pages as f64;
+        let rss_meta = get("rss_delta") as f64 - (pages * PAGE_SIZE) as f64;
+        rows.push(format!(
+            "| {kind} | {pages} | {} | {reported:.1} | {:.1} | {} |",
+            get("mapped") / MIB,
+            rss_meta / pages as f64,
+            if reported <= METADATA_TARGET { "met" } else { "**not met**" }
+        ));
+    }
+    println!(
+        "### (a) Metadata per cached page ({} MiB budget, full)\n",
+        sizes.metadata_budget / MIB
+    );
+    println!("| pool | pages | mapped MiB | self-reported B/page | RSS delta − page bytes, B/page | ≤ 32 B/page |");
+    println!("|---|---:|---:|---:|---:|---|");
+    rows.iter().for_each(|r| println!("{r}"));
+    println!();
+}
+
+/// One give-back: a fresh engine of `big_budget`, filled, then shrunk to `small_budget`.
+struct GiveBack {
+    report: BudgetReport,
+    wall: Duration,
+    rss_before: usize,
+    rss_after: usize,
+    mapped_after: usize,
+}
+
+fn give_back(e: &Engine, sizes: Sizes) -> GiveBack {
+    let rss_before = rss_bytes();
+    let start = Instant::now();
+    let report = e.set_budget(sizes.small_budget);
+    let wall = start.elapsed();
+    GiveBack {
+        report,
+        wall,
+        rss_before,
+        rss_after: rss_bytes(),
+        mapped_after: e.stats().mapped_bytes,
+    }
+}
+
+fn median_max<T: Copy + Ord>(v: &[T]) -> (T, T) {
+    let mut s = v.to_vec();
+    s.sort_unstable();
+    (s[s.len() / 2], s[s.len() - 1])
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
+fn shrink(sizes: Sizes) {
+    let mut runs = Vec::new();
+    for run in 0..RUNS {
+        let e = engine(sizes.big_budget);
+        fill(&e, &PoolSpec::ephemeral(), &format!("give-back run {}/{RUNS}", run + 1));
+        let g = give_back(&e, sizes);
+        eprintln!(
+            "  give-back run {}/{RUNS}: elapsed {:?}, wall {:?}, {:?}",
+            run + 1,
+            g.report.elapsed,
+            g.wall,
+            g.report.shrink
+        );
+        runs.push(g);
+    }
+    let freed = (sizes.big_budget - sizes.small_budget) / MIB;
+    let (el_med, el_max) = median_max(&runs.iter().map(|g| g.report.elapsed).collect::<Vec<_>>());
+    let (wall_med, wall_max) = median_max(&runs.iter().map(|g| g.wall).collect::<Vec<_>>());
+    let segs: Vec<usize> = runs.iter().map(|g| g.report.shrink.segments_released).collect();
+    let dropped: Vec<usize> = runs.iter().map(|g| g.report.shrink.contents_dropped).collect();
+    let rss_b: Vec<usize> = runs.iter().map(|g| g.rss_before / MIB).collect();
+    let rss_a: Vec<usize> = runs.iter().map(|g| g.rss_after / MIB).collect();
+    let mapped: Vec<usize> = runs.iter().map(|g| g.mapped_after / MIB).collect();
+    println!(
+        "### (b) Give back {freed} MiB: {} MiB → {} MiB, {} ephemeral pages, {RUNS} runs\n",
+        sizes.big_budget / MIB,
+        sizes.small_budget / MIB,
+        sizes.big_budget / PAGE_SIZE
+    );
+    println!("| measure | median | max | target |");
+    println!("|---|---:|---:|---|");
+    let verdict = if el_max <= SHRINK_TARGET { "met" } else { "**not met**" };
+    println!(
+        "| `BudgetReport.elapsed` (store locked) | {} | {} | ≤ 10 ms: {verdict} |",
+        ms(el_med),
+        ms(el_max)
+    );
+    println!("| `set_budget` wall time | {} | {} | |", ms(wall_med), ms(wall_max));
+    let row = |name: &str, v: &[usize]| {
+        let (m, x) = median_max(v);
+        println!("| {name} | {m} | {x} | |");
+    };
+    row("segments released", &segs);
+    row("contents dropped", &dropped);
+    row("RSS before, MiB", &rss_b);
+    row("RSS after, MiB", &rss_a);
+    row("mapped after, MiB", &mapped);
+    println!();
+}
+
+/// A get's start (ns since the run's epoch) and duration (ns).
+type Sample = (u64, u64);
+
+/// One give-back while a reader thread gets pages in a loop. Returns the shrink's
+/// `[start, end)` in ns since `epoch`, its report, and every get the reader timed.
+fn shrink_under_reads(
+    e: &Engine,
+    sizes: Sizes,
+    pool: fallow_core::PoolId,
+) -> (u64, u64, BudgetReport, Vec<Sample>) {
+    let n = (sizes.big_budget / PAGE_SIZE) as u64;
+    let epoch = Instant::now();
+    let stop = AtomicBool::new(false);
+    let ready = Barrier::new(2);
+    std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            let mut out = vec![0u8; PAGE_SIZE];
+            let mut samples: Vec<Sample> = Vec::with_capacity(1 << 22);
+            let mut i: u64 = 0;
+            ready.wait();
+            while !stop.load(Ordering::Relaxed) {
+                // A stride that is prime to `n` visits every page in a scattered order.
+                let k = key(pool, i.wrapping_mul(2_654_435_761) % n);
+                let t = Instant::now();
+                let _ = std::hint::black_box(e.get(k, &mut out).expect("get"));
+                let d = t.elapsed();
+                if samples.len() < samples.capacity() {
+                    samples.push(((t - epoch).as_nanos() as u64, d.as_nanos() as u64));
+                }
+                i += 1;
+            }
+            samples
+        });
+        ready.wait();
+        std::thread::sleep(Duration::from_millis(20));
+        let s0 = epoch.elapsed().as_nanos() as u64;
+        let report = e.set_budget(sizes.small_budget);
+        let s1 = epoch.elapsed().as_nanos() as u64;
+        std::thread::sleep(Duration::from_millis(20));
+        stop.store(true, Ordering::Relaxed);
+        let samples = reader.join().expect("reader thread");
+        (s0, s1, report, samples)
+    })
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn us(ns: u64) -> String {
+    if ns >= 1_000_000 {
+        format!("{:.1} ms", ns as f64 / 1e6)
+    } else {
+        format!("{:.1} µs", ns as f64 / 1e3)
+    }
+}
+
+fn shrink_with_reader(sizes: Sizes) {
+    const MARGIN: u64 = 10_000_000; // ns either side of the shrink
+    let mut rows = Vec::new();
+    let mut worst = 0;
+    for run in 0..RUNS {
+        let e = engine(sizes.big_budget);
+        let pool = fill(&e, &PoolSpec::ephemeral(), &format!("reader run {}/{RUNS}", run + 1));
+        let (s0, s1, report, samples) = shrink_under_reads(&e, sizes, pool);
+        let lo = s0.saturating_sub(MARGIN);
+        let hi = s1 + MARGIN;
+        let mut window: Vec<u64> =
+            samples.iter().filter(|(t, _)| *t >= lo && *t < hi).map(|(_, d)| *d).collect();
+        window.sort_unstable();
+        let mut before: Vec<u64> =
+            samples.iter().filter(|(t, d)| t + d < lo).map(|(_, d)| *d).collect();
+        before.sort_unstable();
+        let max = window.last().copied().unwrap_or(0);
+        let stalled = window.iter().filter(|&&d| d > STALL_TARGET.as_nanos() as u64).count();
+        worst = worst.max(max);
+        eprintln!(
+            "  reader run {}/{RUNS}: shrink {:?}, {} gets in window, max {}, p99 {}",
+            run + 1,
+            report.elapsed,
+            window.len(),
+            us(max),
+            us(percentile(&window, 0.99))
+        );
+        rows.push(format!(
+            "| {} | {} | {} | {} | {} | {} | {stalled} | {} |",
+            run + 1,
+            ms(report.elapsed),
+            window.len(),
+            us(percentile(&window, 0.5)),
+            us(percentile(&window, 0.99)),
+            us(max),
+            us(percentile(&before, 0.99)),
+        ));
+    }
+    println!(
+        "### (c) The same give-back while one thread keeps calling `get` ({RUNS} runs)\n\n\
+         Window: gets that started from 10 ms before the shrink to 10 ms after it. \
+         Baseline: gets that ended before the window.\n"
+    );
+    println!("| run | shrink (store locked) | gets in window | p50 | p99 | max | gets > 1 ms | baseline p99 |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    rows.iter().for_each(|r| println!("{r}"));
+    let verdict = if worst <= STALL_TARGET.as_nanos() as u64 { "met" } else { "**not met**" };
+    println!("\nLongest get over all runs: {} (target: none > 1 ms: {verdict}).\n", us(worst));
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.iter().any(|a| a == "--quick")
+        || std::env::var("FALLOW_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
+    let sizes = Sizes::new(quick);
+    if let Some(pos) = args.iter().position(|a| a == "--case") {
+        let kind = args.get(pos + 1).map_or("ephemeral", String::as_str);
+        metadata_case(sizes, kind);
+        return;
+    }
+    let probe = engine(sizes.small_budget);
+    let s = probe.stats();
+    println!(
+        "## fallow-pool memory bench{}\n\nDefault shards ({}), default policy ({}), compression off.\n",
+        if quick { " (quick: sizes / 8)" } else { "" },
+        s.shards,
+        s.policy
+    );
+    drop(probe);
+    metadata(sizes);
+    shrink(sizes);
+    shrink_with_reader(sizes);
+}

@@ -1,0 +1,183 @@
+//! Giving memory back: shrinking the store to a smaller budget, a few segments at a time.
+//!
+//! Each step picks the mapped segments that hold the fewest pinned (persistent) pages,
+//! moves those pages into free frames of segments that stay (dropping ephemeral pages
+//! there if room is short), and releases the segments whole. Their ephemeral pages are not
+//! visited one by one: their contents keep naming frames of a segment that is no longer
+//! mapped, read as dead, and let go of it as the index drops them. So a step costs a scan
+//! of the chosen segments' owner slots plus the pinned pages it moves, and the mappings
+//! are handed back to be unmapped after the store lock is released.
+
+use fallow_core::PAGE_SIZE;
+
+use super::{ContentId, Place, Store, NO_OWNER, PINNED};
+use crate::arena::{Arena, Mapping, FRAMES_PER_SEGMENT};
+
+/// What a shrink did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ShrinkReport {
+    /// Segments returned to the OS.
+    pub segments_released: usize,
+    /// Pages whose bytes were dropped (their keys now miss).
+    pub contents_dropped: usize,
+    /// Persistent pages moved to another frame so their segment could go.
+    pub frames_moved: usize,
+    /// Frames the budget could not shed because persistent pages hold them.
+    pub pinned_over_budget: usize,
+}
+
+impl Store {
+    /// Changes the budget. Growing takes effect at once (segments are mapped on demand);
+    /// shrinking is then carried out by [`Store::shrink_step`].
+    pub fn set_budget(&mut self, budget_bytes: usize) {
+        self.budget_bytes = budget_bytes;
+        self.refresh_frame_limit();
+    }
+
+    /// One bounded step toward the budget: releases at most `max_segments` segments.
+    /// Returns their mappings, for the caller to drop once the store lock is released, and
+    /// whether another step is needed.
+    pub fn shrink_step(
+        &mut self,
+        max_segments: usize,
+        report: &mut ShrinkReport,
+    ) -> (Vec<Mapping>, bool) {
+        self.drop_compressed_over_budget(max_segments * FRAMES_PER_SEGMENT, report);
+        let limit = self.arena.limit();
+        let keep = limit.div_ceil(FRAMES_PER_SEGMENT);
+        let mut candidates: Vec<(u32, usize, usize)> = self
+            .arena
+            .segments_by_use()
+            .into_iter()
+            .map(|(seg, used)| (self.pinned[seg], used, seg))
+            .collect();
+        let mut mappings = Vec::new();
+        if candidates.len() > keep {
+            // Cheapest first: fewest persistent pages to move, then fewest pages lost.
+            candidates.sort_unstable();
+            let surplus = candidates.len() - keep;
+            let release: Vec<usize> =
+                candidates[..surplus.min(max_segments)].iter().map(|c| c.2).collect();
+            for &seg in &release {
+                if self.evacuate_pinned(seg, &release, report) {
+                    let stale = self.stale_frames(seg);
+                    report.contents_dropped += stale;
+                    self.dropped += stale as u64;
+                    if let Some(m) = self.arena.release_segment(seg, stale) {
+                        mappings.push(m);
+                        report.segments_released += 1;
+                    }
+                }
+            }
+            if surplus > release.len() && !mappings.is_empty() {
+                return (mappings, true);
+            }
+        }
+        // Fewer segments may still leave more frames in use than the limit allows.
+        self.drop_unpinned_until(limit, report);
+        report.pinned_over_budget = self.arena.used().saturating_sub(limit);
+        (mappings, false)
+    }
+
+    /// Drops compressed pages that no persistent entry pins (the coldest pages there are)
+    /// while the budget is exceeded, at most `max` of them.
+    fn drop_compressed_over_budget(&mut self, max: usize, report: &mut ShrinkReport) {
+        let budget_frames = self.budget_bytes / PAGE_SIZE;
+        let over = |s: &Store| s.blob_bytes.div_ceil(PAGE_SIZE) + s.arena.used() > budget_frames;
+        if !over(self) {
+            return;
+        }
+        let ids: Vec<ContentId> = self.blobs.keys().copied().take(max).collect();
+        for id in ids {
+            if !over(self) {
+                break;
+            }
+            if self.contents[id as usize].flags & PINNED == 0 {
+                self.drop_bytes(id);
+                self.dropped += 1;
+                report.contents_dropped += 1;
+            }
+        }
+        self.refresh_frame_limit();
+    }
+
+    /// Moves the pinned pages of segment `seg` to frames outside `release`, dropping
+    /// unpinned pages elsewhere to make room. False when some pinned page could not move
+    /// (the segment then stays).
+    fn evacuate_pinned(
+        &mut self,
+        seg: usize,
+        release: &[usize],
+        report: &mut ShrinkReport,
+    ) -> bool {
+        for frame in Arena::frames_of(seg) {
+            let id = self.owner.get(frame.index()).copied().unwrap_or(NO_OWNER);
+            if id == NO_OWNER || self.contents[id as usize].flags & PINNED == 0 {
+                continue;
+            }
+            let to = match self.arena.alloc_outside(release) {
+                Some(to) => to,
+                None => {
+                    if !self.drop_one_unpinned_outside(release, report) {
+                        return false;
+                    }
+                    match self.arena.alloc_outside(release) {
+                        Some(to) => to,
+                        None => return false,
+                    }
+                }
+            };
+            self.arena.copy_frame(frame, to);
+            self.contents[id as usize].place = Place::Frame(to);
+            self.move_pin(id, Some(frame), Some(to));
+            self.set_owner(to, id);
+            self.owner[frame.index()] = NO_OWNER;
+            self.arena.free(frame);
+            report.frames_moved += 1;
+        }
+        true
+    }
+
+    /// Drops one unpinned page in a segment that stays, to free its frame.
+    fn drop_one_unpinned_outside(&mut self, release: &[usize], report: &mut ShrinkReport) -> bool {
+        let n = self.owner.len();
+        for _ in 0..n {
+            let f = self.cursor % n.max(1);
+            self.cursor = (self.cursor + 1) % n.max(1);
+            let id = self.owner[f];
+            if id != NO_OWNER
+                && !release.contains(&(f / FRAMES_PER_SEGMENT))
+                && self.contents[id as usize].flags & PINNED == 0
+                && self.is_live(id)
+            {
+                self.drop_bytes(id);
+                self.dropped += 1;
+                report.contents_dropped += 1;
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Frames of segment `seg` still in use (by unpinned contents, after evacuation).
+    fn stale_frames(&self, seg: usize) -> usize {
+        Arena::frames_of(seg)
+            .filter(|f| self.owner.get(f.index()).is_some_and(|&id| id != NO_OWNER))
+            .count()
+    }
+
+    /// Drops unpinned pages until no more than `limit` frames are in use.
+    fn drop_unpinned_until(&mut self, limit: usize, report: &mut ShrinkReport) {
+        let mut f = 0;
+        while self.arena.used() > limit && f < self.owner.len() {
+            let id = self.owner[f];
+            if id != NO_OWNER && self.contents[id as usize].flags & PINNED == 0 && self.is_live(id)
+            {
+                self.drop_bytes(id);
+                self.dropped += 1;
+                report.contents_dropped += 1;
+            }
+            f += 1;
+        }
+    }
+}
