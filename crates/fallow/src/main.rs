@@ -36,8 +36,24 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("fallow: {err:#}");
+            eprintln!("fallow: {}", describe(&err));
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes on one line, leaving out a cause that an outer message
+/// already quotes (our library errors name their cause in their own text).
+fn describe(err: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in err.chain() {
+        let part = cause.to_string();
+        if !text.contains(&part) {
+            if !text.is_empty() {
+                text.push_str(": ");
+            }
+            text.push_str(&part);
+        }
+    }
+    text
 }

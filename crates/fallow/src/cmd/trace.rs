@@ -3,7 +3,6 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::{Args, Subcommand};
 
 use fallow_bench::replay::{replay, sizes_at, ReplayResult};
@@ -82,8 +81,8 @@ impl TraceInput {
     }
 
     fn open(&self) -> anyhow::Result<trace::TraceReader> {
-        trace::open(&self.file, &self.options())
-            .with_context(|| format!("cannot read trace {}", self.file.display()))
+        // The error names the file and the reason.
+        Ok(trace::open(&self.file, &self.options())?)
     }
 }
 
