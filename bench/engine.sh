@@ -78,7 +78,7 @@ else
     "$memory_exe" >"$memory_md"
 fi
 load_end=$(cut -d' ' -f1-3 /proc/loadavg)
-defaults=$(grep -o 'Default shards ([^)]*), default policy ([^)]*)' "$memory_md" | head -n 1 || true)
+defaults=$(grep -o 'Default shards ([^)]*), policy ([^)]*)' "$memory_md" | head -n 1 || true)
 defaults=${defaults/Default/default}
 
 # Criterion prints "name  time: [low median high]" (a long name sits alone on the line

@@ -58,7 +58,7 @@ struct Fixture {
 
 impl Fixture {
     fn new(dedup: bool, fill: bool) -> Self {
-        let config = EngineBuilder::new(BUDGET).compress_interval(None).build();
+        let config = with_policy_from_env(EngineBuilder::new(BUDGET)).compress_interval(None).build();
         let engine = Engine::new(config.expect("a valid bench configuration"));
         let spec = if dedup {
             PoolSpec::ephemeral()
@@ -311,4 +311,12 @@ fn main() {
     batch(&mut c);
     two_threads(&mut c);
     c.final_summary();
+}
+
+/// `FALLOW_BENCH_POLICY=NAME` benchmarks another eviction policy than the default.
+fn with_policy_from_env(builder: EngineBuilder) -> EngineBuilder {
+    match std::env::var("FALLOW_BENCH_POLICY") {
+        Ok(name) => builder.policy(&name),
+        Err(_) => builder,
+    }
 }

@@ -37,6 +37,7 @@ mod content;
 mod engine;
 pub mod eviction;
 mod pools;
+mod prehashed;
 mod shard;
 mod stats;
 mod store;

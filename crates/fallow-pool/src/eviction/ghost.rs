@@ -7,29 +7,9 @@
 //! fingerprints collide share one entry; a ghost is a hint, so that costs only a little
 //! hit ratio, never correctness.
 
-use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::VecDeque;
 
-/// Fingerprints are already well-mixed hash bits, so the map need not hash them again.
-#[derive(Default)]
-pub(crate) struct PassThrough(u64);
-
-impl Hasher for PassThrough {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8) | u64::from(b);
-        }
-    }
-
-    fn write_u32(&mut self, n: u32) {
-        // Spread the 32 bits over the 64 the map's control bytes look at.
-        self.0 = u64::from(n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
+use crate::prehashed::PrehashedMap;
 
 /// The last `capacity` fingerprints handed to [`Ghost::push`].
 #[derive(Debug, Default)]
@@ -37,7 +17,7 @@ pub(crate) struct Ghost {
     capacity: usize,
     ring: VecDeque<u32>,
     /// Fingerprint → sequence number of its newest live ring entry.
-    live: HashMap<u32, u32, BuildHasherDefault<PassThrough>>,
+    live: PrehashedMap<u32, u32>,
     /// Sequence number the next pushed entry gets. Wraps; the ring is far shorter than 2^32.
     next_seq: u32,
 }

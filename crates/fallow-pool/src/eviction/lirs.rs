@@ -41,12 +41,9 @@
 //! whose fingerprint matches a ghost's (odds about ghosts / 2^32) is taken for a
 //! re-reference and starts as LIR, which costs a little hit ratio, never correctness.
 
-use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
-
-use super::ghost::PassThrough;
 use super::list::{Links, List, NIL};
 use super::{Eviction, SlotId};
+use crate::prehashed::PrehashedMap;
 
 /// Share of the capacity for resident HIR pages, in percent, at least one page: the paper
 /// uses 1 %, as do libCacheSim (`hirs_ratio = 0.01`) and Caffeine's simulator
@@ -103,7 +100,7 @@ pub struct Lirs {
     /// Free node ids.
     free: Vec<NodeId>,
     /// Fingerprint → ghost node.
-    ghosts: HashMap<u32, NodeId, BuildHasherDefault<PassThrough>>,
+    ghosts: PrehashedMap<u32, NodeId>,
     lir_count: usize,
     /// The LIR set's size when the cache is full: capacity minus the HIR share.
     lir_target: usize,

@@ -21,41 +21,19 @@
 //! (`docs/concurrency.md`). Every method here runs with that mutex held.
 
 use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
 
 use fallow_core::PAGE_SIZE;
 
 use crate::arena::{Arena, ArenaFull, FrameId, FRAMES_PER_SEGMENT};
 use crate::content::Digest;
+use crate::prehashed::PrehashedMap;
 
 mod shrink;
 
 pub use shrink::ShrinkReport;
 
-/// The dedup table's keys are already 128-bit hashes: hashing them again (SipHash, the
-/// std default) would only cost time.
-#[derive(Default)]
-struct PassThrough(u64);
-
-impl std::hash::Hasher for PassThrough {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut w = [0u8; 8];
-            w[..chunk.len()].copy_from_slice(chunk);
-            self.0 ^= u64::from_le_bytes(w);
-        }
-    }
-
-    fn write_u128(&mut self, v: u128) {
-        self.0 ^= v as u64;
-    }
-}
-
-type DedupTable = HashMap<u128, ContentId, BuildHasherDefault<PassThrough>>;
+/// Content hash → content. The keys are already 128-bit hashes.
+type DedupTable = PrehashedMap<u128, ContentId>;
 
 /// A stored page's bytes, shared by every index entry with the same content.
 pub type ContentId = u32;
