@@ -58,7 +58,8 @@ struct Fixture {
 
 impl Fixture {
     fn new(dedup: bool, fill: bool) -> Self {
-        let config = with_policy_from_env(EngineBuilder::new(BUDGET)).compress_interval(None).build();
+        let config =
+            with_policy_from_env(EngineBuilder::new(BUDGET)).compress_interval(None).build();
         let engine = Engine::new(config.expect("a valid bench configuration"));
         let spec = if dedup {
             PoolSpec::ephemeral()
