@@ -28,6 +28,8 @@ pub const SEGMENT_BYTES: usize = 2 << 20;
 /// Frames per segment.
 pub const FRAMES_PER_SEGMENT: usize = SEGMENT_BYTES / PAGE_SIZE;
 const SEGMENT_SHIFT: u32 = FRAMES_PER_SEGMENT.trailing_zeros();
+/// Segment numbers that fit in a 32-bit frame id.
+const MAX_SEGMENTS: usize = 1 << (32 - SEGMENT_SHIFT);
 
 /// One 4 KiB frame: a segment number and a slot inside it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -204,6 +206,11 @@ impl Arena {
         })?;
         let number = match self.segments.iter().position(|s| matches!(s, Segment::Free)) {
             Some(n) => n,
+            // Frame ids are 32 bits: no segment number past this one can be named.
+            None if self.segments.len() >= MAX_SEGMENTS => {
+                tracing::warn!("every segment number is mapped or still draining");
+                return Err(ArenaFull::MapFailed);
+            }
             None => {
                 self.segments.push(Segment::Free);
                 self.segments.len() - 1

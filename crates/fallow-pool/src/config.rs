@@ -16,7 +16,14 @@ pub enum ConfigError {
     /// Entries per frame must be at least 1.
     #[error("entries per frame must be at least 1")]
     BadEntriesPerFrame,
+    /// More than [`MAX_BUDGET_BYTES`] to lend.
+    #[error("a budget of {0} bytes is more than the {MAX_BUDGET_BYTES} one engine can address")]
+    BudgetTooLarge(usize),
 }
+
+/// The most one engine can lend: frame ids are 32 bits, and half of them are kept free so
+/// that segment numbers released by a shrink can drain before they are reused.
+pub const MAX_BUDGET_BYTES: usize = (1 << 31) * fallow_core::PAGE_SIZE;
 
 /// A validated engine configuration.
 #[derive(Debug, Clone)]
@@ -108,6 +115,9 @@ impl EngineBuilder {
             .ok_or(ConfigError::UnknownPolicy(self.policy))?;
         if self.entries_per_frame == 0 {
             return Err(ConfigError::BadEntriesPerFrame);
+        }
+        if self.budget_bytes > MAX_BUDGET_BYTES {
+            return Err(ConfigError::BudgetTooLarge(self.budget_bytes));
         }
         Ok(EngineConfig {
             budget_bytes: self.budget_bytes,

@@ -22,7 +22,7 @@ use fallow_core::{
 
 use crate::arena::ArenaFull;
 use crate::compress::Compressor;
-use crate::config::EngineConfig;
+use crate::config::{EngineConfig, MAX_BUDGET_BYTES};
 use crate::content::{checksum, fill_word, write_fill, Digest};
 use crate::eviction;
 use crate::pools::{PoolCounters, PoolState, PoolTable};
@@ -104,8 +104,18 @@ impl Engine {
     /// drops ephemeral pages and returns whole segments to the OS at once. Persistent pages
     /// are never dropped: when they alone exceed the new budget, the report says by how
     /// many frames (`pinned_over_budget`) and a warning is logged.
+    ///
+    /// A budget above [`MAX_BUDGET_BYTES`] is lowered to it (and a warning logged).
     pub fn set_budget(&self, budget_bytes: usize) -> BudgetReport {
         let start = Instant::now();
+        if budget_bytes > MAX_BUDGET_BYTES {
+            tracing::warn!(
+                budget_bytes,
+                MAX_BUDGET_BYTES,
+                "budget lowered to the most one engine can address"
+            );
+        }
+        let budget_bytes = budget_bytes.min(MAX_BUDGET_BYTES);
         let mut shrink = ShrinkReport::default();
         let mut longest_hold = std::time::Duration::ZERO;
         self.inner.store.lock().set_budget(budget_bytes);

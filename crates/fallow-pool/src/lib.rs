@@ -43,7 +43,7 @@ mod stats;
 mod store;
 
 pub use arena::{FRAMES_PER_SEGMENT, SEGMENT_BYTES};
-pub use config::{ConfigError, EngineBuilder, EngineConfig};
+pub use config::{ConfigError, EngineBuilder, EngineConfig, MAX_BUDGET_BYTES};
 pub use engine::Engine;
 pub use stats::{BudgetReport, EngineStats, PoolStats};
 pub use store::ShrinkReport;

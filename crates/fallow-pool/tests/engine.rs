@@ -178,6 +178,7 @@ fn wrong_lengths_and_bad_specs_are_typed_errors() {
     ));
     assert!(EngineBuilder::new(1 << 20).shards(3).build().is_err());
     assert!(EngineBuilder::new(1 << 20).policy("nope").build().is_err());
+    assert!(EngineBuilder::new(usize::MAX).build().is_err());
 }
 
 #[test]
