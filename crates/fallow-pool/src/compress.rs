@@ -33,7 +33,7 @@ impl Compressor {
                     // The store lock is taken without holding `stopped`'s mutex for long:
                     // a pass of `batch` pages holds the store lock for ~batch × 5 µs.
                     drop(stopped);
-                    let done = inner.store.lock().compress_pass(batch);
+                    let done = inner.store.write().compress_pass(batch);
                     if done > 0 {
                         tracing::trace!(done, "compressed cold pages");
                     }

@@ -48,9 +48,10 @@ pub(crate) struct Inner {
     /// Index shards, chosen by the high bits of the key hash. `parking_lot` mutexes: each is
     /// held for one index operation and never across blocking work.
     shards: Box<[Mutex<Shard>]>,
-    /// Page bytes, checksums, dedup table. Taken after a shard lock, for the copy in or out
-    /// of a frame (≈ 100 ns); a shrink holds it for as long as it drops segments.
-    pub(crate) store: Mutex<Store>,
+    /// Page bytes, checksums, dedup table. Taken after a shard lock: for reading by a get's
+    /// copy out of a frame (several at once), for writing by everything that changes the
+    /// store (a put's copy in, a release, a compression pass, a shrink step).
+    pub(crate) store: RwLock<Store>,
     /// The most index entries one shard may hold.
     entries_per_shard: AtomicUsize,
     config: EngineConfig,
@@ -78,7 +79,7 @@ impl Engine {
         let inner = Arc::new(Inner {
             pools: RwLock::new(PoolTable::default()),
             shards,
-            store: Mutex::new(Store::new(config.budget_bytes)),
+            store: RwLock::new(Store::new(config.budget_bytes)),
             entries_per_shard: AtomicUsize::new(per_shard * config.entries_per_frame),
             config,
         });
@@ -118,11 +119,11 @@ impl Engine {
         let budget_bytes = budget_bytes.min(MAX_BUDGET_BYTES);
         let mut shrink = ShrinkReport::default();
         let mut longest_hold = std::time::Duration::ZERO;
-        self.inner.store.lock().set_budget(budget_bytes);
+        self.inner.store.write().set_budget(budget_bytes);
         loop {
             let held = Instant::now();
             let (mappings, more) =
-                self.inner.store.lock().shrink_step(SHRINK_STEP_SEGMENTS, &mut shrink);
+                self.inner.store.write().shrink_step(SHRINK_STEP_SEGMENTS, &mut shrink);
             longest_hold = longest_hold.max(held.elapsed());
             // Unmapped here, with no lock held: freeing the pages is the kernel's slowest
             // part of giving memory back, and no reader has to wait for it.
@@ -154,7 +155,7 @@ impl Engine {
     /// Compresses up to `max` cold pages of pools with compression on, now. Returns how
     /// many were compressed. The background thread calls this periodically.
     pub fn compress_cold(&self, max: usize) -> usize {
-        self.inner.store.lock().compress_pass(max)
+        self.inner.store.write().compress_pass(max)
     }
 
     /// Counters and memory use, for the engine and each pool.
@@ -239,7 +240,7 @@ impl Inner {
         let n = self.shards.len();
         for i in (1..n).map(|d| (except + d) % n) {
             let mut shard = self.shards[i].lock();
-            let mut store = self.store.lock();
+            let mut store = self.store.write();
             while !store.has_room() {
                 if !self.evict_one(&mut shard, &mut store) {
                     break;
@@ -299,7 +300,7 @@ impl Inner {
         if !pool.alive.load(Ordering::Acquire) {
             return Err(StoreError::UnknownPool(key.pool));
         }
-        let mut store = self.store.lock();
+        let mut store = self.store.write();
         // The old page goes first, whatever happens next: a refused put must not leave an
         // older page visible.
         if let Some((id, _)) = shard.lookup(&key) {
@@ -372,12 +373,12 @@ impl Inner {
         match slot.value {
             Value::Fill(word) => write_fill(word, out),
             Value::Content(content) => {
-                let copied = self.store.lock().copy_out(content, out);
+                let copied = self.store.read().copy_out(content, out);
                 // The checksum is checked without the store lock; our index entry keeps the
                 // content alive meanwhile, and a mismatch is judged again under the lock.
                 let found = match copied {
                     Some(crc) if checksum(out) == crc => Read::Ok,
-                    Some(_) => self.store.lock().read(content, out),
+                    Some(_) => self.store.write().read(content, out),
                     None => Read::Dead,
                 };
                 if found != Read::Ok {
@@ -387,14 +388,14 @@ impl Inner {
                     };
                     PoolCounters::bump(counter);
                     let slot = shard.remove(id);
-                    self.release(&mut self.store.lock(), &slot, Some(&pool.counters));
+                    self.release(&mut self.store.write(), &slot, Some(&pool.counters));
                     return Lookup::Miss;
                 }
             }
         }
         if remove {
             let slot = shard.remove(id);
-            self.release(&mut self.store.lock(), &slot, Some(&pool.counters));
+            self.release(&mut self.store.write(), &slot, Some(&pool.counters));
             PoolCounters::bump(&pool.counters.invalidations);
         } else {
             shard.touch(id, hash);
@@ -408,7 +409,7 @@ impl Inner {
         let mut shard = self.shards[self.shard_of(hash)].lock();
         if let Some((id, _)) = shard.lookup(&key) {
             let slot = shard.remove(id);
-            self.release(&mut self.store.lock(), &slot, Some(&pool.counters));
+            self.release(&mut self.store.write(), &slot, Some(&pool.counters));
             PoolCounters::bump(&pool.counters.invalidations);
         }
         Ok(())
@@ -428,7 +429,7 @@ impl Inner {
             if ids.is_empty() {
                 continue;
             }
-            let mut store = self.store.lock();
+            let mut store = self.store.write();
             for id in ids {
                 let slot = shard.remove(id);
                 self.release(&mut store, &slot, Some(counters));
@@ -456,7 +457,7 @@ impl Inner {
             metadata += shard.heap_bytes();
             policy = shard.policy_name();
         }
-        let usage = self.store.lock().usage();
+        let usage = self.store.read().usage();
         let pools: Vec<PoolStats> =
             self.pools.read().all().iter().map(|(id, s)| PoolStats::of(*id, s)).collect();
         EngineStats::new(usage, metadata, self.shards.len(), policy, pools)
@@ -464,7 +465,7 @@ impl Inner {
 
     fn validate(&self) {
         let shards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
-        let store = self.store.lock();
+        let store = self.store.read();
         let mut refs = std::collections::HashMap::new();
         let mut pages = std::collections::HashMap::<PoolId, u64>::new();
         for shard in &shards {
@@ -591,7 +592,7 @@ mod tests {
         let hash = key_hash(&key);
         let (_, slot) = inner.shards[inner.shard_of(hash)].lock().lookup(&key).unwrap();
         let Value::Content(id) = slot.value else { panic!("not a content page") };
-        inner.store.lock().corrupt(id);
+        inner.store.write().corrupt(id);
         let mut out = vec![0u8; PAGE_SIZE];
         assert_eq!(e.get(key, &mut out).unwrap(), Lookup::Miss);
         let stats = e.pool_stats(pool).unwrap();

@@ -17,10 +17,12 @@
 //! reused once the last entry lets go.
 //!
 //! # Locking
-//! A `Store` is guarded by the engine's store mutex, taken after a shard mutex
-//! (`docs/concurrency.md`). Every method here runs with that mutex held.
+//! A `Store` is guarded by the engine's store `RwLock`, taken after a shard mutex
+//! (`docs/concurrency.md`). [`Store::copy_out`] runs under the read lock, several at once;
+//! every `&mut self` method runs under the write lock.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use fallow_core::PAGE_SIZE;
 
@@ -50,7 +52,6 @@ enum Place {
 
 const PINNED: u8 = 1; // a persistent entry refers to it: never dropped to shrink
 const COMPRESSIBLE: u8 = 2; // its first pool asked for background compression
-const ACCESSED: u8 = 4; // read since the compressor last looked (second chance)
 const HASHED: u8 = 8; // `hash` is valid and (maybe) in the dedup table
 
 struct Content {
@@ -59,6 +60,9 @@ struct Content {
     refs: u32,
     crc: u32,
     flags: u8,
+    /// Read since the compressor last looked (its second chance). Atomic because reads
+    /// set it while holding the store lock for reading only, several at once.
+    accessed: AtomicBool,
 }
 
 /// How a new content should be kept.
@@ -159,10 +163,16 @@ impl Store {
         self.arena.bytes_mut(frame).copy_from_slice(page);
         let mut flags = 0;
         if opts.compressible {
-            flags |= COMPRESSIBLE | ACCESSED;
+            flags |= COMPRESSIBLE;
         }
-        let mut content =
-            Content { hash: 0, place: Place::Frame(frame), refs: 1, crc: digest.crc, flags };
+        let mut content = Content {
+            hash: 0,
+            place: Place::Frame(frame),
+            refs: 1,
+            crc: digest.crc,
+            flags,
+            accessed: AtomicBool::new(opts.compressible),
+        };
         if let Some(hash) = digest.hash {
             content.hash = hash;
             content.flags |= HASHED;
@@ -286,8 +296,10 @@ impl Store {
     /// Copies a content's bytes into `out` and returns the checksum they must have; the
     /// caller checks it after releasing the store lock (the check costs as much as the
     /// copy), and calls [`Store::read`] on a mismatch. `None`: the bytes are gone.
-    pub fn copy_out(&mut self, id: ContentId, out: &mut [u8]) -> Option<u32> {
-        let c = &mut self.contents[id as usize];
+    ///
+    /// Takes `&self`: several readers copy at once under the store's read lock.
+    pub fn copy_out(&self, id: ContentId, out: &mut [u8]) -> Option<u32> {
+        let c = &self.contents[id as usize];
         match c.place {
             Place::Frame(f) if self.arena.is_live(f) => out.copy_from_slice(self.arena.bytes(f)),
             Place::Frame(_) | Place::Dead => return None,
@@ -296,8 +308,7 @@ impl Store {
                 let _ = self.decompress(id, out);
             }
         }
-        let c = &mut self.contents[id as usize];
-        c.flags |= ACCESSED;
+        c.accessed.store(true, Ordering::Relaxed);
         Some(c.crc)
     }
 
@@ -335,8 +346,7 @@ impl Store {
             if c.refs == 0 || c.flags & COMPRESSIBLE == 0 || !self.arena.is_live(frame) {
                 continue;
             }
-            if c.flags & ACCESSED != 0 {
-                c.flags &= !ACCESSED;
+            if std::mem::replace(c.accessed.get_mut(), false) {
                 continue;
             }
             let packed = lz4_flex::block::compress(self.arena.bytes(frame));
