@@ -261,6 +261,7 @@ fn shrinking_returns_segments_and_keeps_every_persistent_page() {
     // Below the persistent pages, the shrink says so and keeps them.
     let report = e.set_budget(SEGMENT_BYTES / 4);
     assert!(report.shrink.pinned_over_budget > 0);
+    assert_eq!(e.stats().over_budget_frames, report.shrink.pinned_over_budget);
     assert_eq!(get(&e, PageKey::new(keep, 0, 16)), Some(page(16)));
     e.validate();
     // Growing again works.

@@ -21,6 +21,8 @@ enum Op {
     Take { pool: usize, object: u64, index: u64 },
     PutMany { pool: usize, object: u64, contents: Vec<u8> },
     GetMany { pool: usize, object: u64, count: u64 },
+    TakeMany { pool: usize, object: u64, count: u64 },
+    Recreate { pool: usize },
     InvalidatePage { pool: usize, object: u64, index: u64 },
     InvalidateObject { pool: usize, object: u64 },
     InvalidatePool { pool: usize },
@@ -43,6 +45,9 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(pool, object, contents)| Op::PutMany { pool, object, contents }),
         2 => (pool.clone(), object.clone(), 1u64..12)
             .prop_map(|(pool, object, count)| Op::GetMany { pool, object, count }),
+        1 => (pool.clone(), object.clone(), 1u64..12)
+            .prop_map(|(pool, object, count)| Op::TakeMany { pool, object, count }),
+        1 => pool.clone().prop_map(|pool| Op::Recreate { pool }),
         1 => (pool.clone(), object.clone(), index)
             .prop_map(|(pool, object, index)| Op::InvalidatePage { pool, object, index }),
         1 => (pool.clone(), object).prop_map(|(pool, object)| Op::InvalidateObject { pool, object }),
@@ -69,6 +74,7 @@ fn bytes(content: u8) -> Vec<u8> {
 
 struct Harness {
     engine: Engine,
+    specs: Vec<PoolSpec>,
     pools: Vec<(PoolId, bool)>, // (id, persistent)
     model: BTreeMap<PageKey, u8>,
 }
@@ -93,7 +99,7 @@ impl Harness {
             .iter()
             .map(|s| (engine.create_pool(s).unwrap(), s.kind == fallow_core::PoolKind::Persistent))
             .collect();
-        Self { engine, pools, model: BTreeMap::new() }
+        Self { engine, specs: specs.to_vec(), pools, model: BTreeMap::new() }
     }
 
     fn key(&self, pool: usize, object: u64, index: u64) -> PageKey {
@@ -161,6 +167,26 @@ impl Harness {
                 for (i, key) in keys.into_iter().enumerate() {
                     self.check_read(key, found[i].is_hit(), &out[i * PAGE_SIZE..][..PAGE_SIZE]);
                 }
+            }
+            Op::TakeMany { pool, object, count } => {
+                let keys: Vec<_> = (0..count).map(|i| self.key(pool, object, i)).collect();
+                let mut out = vec![0u8; keys.len() * PAGE_SIZE];
+                let found = self.engine.take_many(&keys, &mut out).unwrap();
+                for (i, key) in keys.into_iter().enumerate() {
+                    self.check_read(key, found[i].is_hit(), &out[i * PAGE_SIZE..][..PAGE_SIZE]);
+                    self.model.remove(&key);
+                }
+            }
+            Op::Recreate { pool } => {
+                let old = self.pools[pool].0;
+                self.engine.destroy_pool(old).unwrap();
+                let mut out = vec![0u8; PAGE_SIZE];
+                let gone = self.engine.get(PageKey::new(old, 0, 0), &mut out);
+                assert_eq!(gone, Err(fallow_core::StoreError::UnknownPool(old)));
+                self.model.retain(|k, _| k.pool != old);
+                let new = self.engine.create_pool(&self.specs[pool]).unwrap();
+                assert_ne!(new, old, "pool ids are never reused");
+                self.pools[pool].0 = new;
             }
             Op::InvalidatePage { pool, object, index } => {
                 let key = self.key(pool, object, index);
