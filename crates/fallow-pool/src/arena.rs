@@ -28,8 +28,9 @@ pub const SEGMENT_BYTES: usize = 2 << 20;
 /// Frames per segment.
 pub const FRAMES_PER_SEGMENT: usize = SEGMENT_BYTES / PAGE_SIZE;
 const SEGMENT_SHIFT: u32 = FRAMES_PER_SEGMENT.trailing_zeros();
-/// Segment numbers that fit in a 32-bit frame id.
-const MAX_SEGMENTS: usize = 1 << (32 - SEGMENT_SHIFT);
+/// Segment numbers that fit in a 32-bit frame id, less the last one, whose top frame ids
+/// the store uses as markers (`store::PackedPlace`).
+const MAX_SEGMENTS: usize = (1 << (32 - SEGMENT_SHIFT)) - 1;
 
 /// One 4 KiB frame: a segment number and a slot inside it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -48,6 +49,16 @@ impl FrameId {
 
     fn slot(self) -> usize {
         self.0 as usize & (FRAMES_PER_SEGMENT - 1)
+    }
+
+    /// The id as 32 bits, for packed storage.
+    pub fn raw(self) -> u32 {
+        self.0
+    }
+
+    /// An id from [`FrameId::raw`].
+    pub fn from_raw(raw: u32) -> Self {
+        Self(raw)
     }
 
     /// The frame's position in per-frame tables.

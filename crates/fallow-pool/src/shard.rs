@@ -36,10 +36,56 @@ pub struct Slot {
     pub persistent: bool,
 }
 
+/// A [`Slot`] as stored: 32 bytes instead of the 48 an `Option<Slot>` takes, because the
+/// key's pool, the value's kind and the persistence flag share one word.
+#[derive(Debug, Clone, Copy, Default)]
+struct Packed {
+    object: u64,
+    index: u64,
+    /// The fill word, or the content id.
+    word: u64,
+    pool: u32,
+    /// `TAG_FREE`, `TAG_FILL` or `TAG_CONTENT`, plus `PERSISTENT`.
+    tag: u8,
+}
+
+const TAG_FREE: u8 = 0;
+const TAG_FILL: u8 = 1;
+const TAG_CONTENT: u8 = 2;
+const TAG_KIND: u8 = 3;
+const PERSISTENT: u8 = 0x80;
+
+impl Packed {
+    fn new(slot: Slot) -> Self {
+        let (word, kind) = match slot.value {
+            Value::Fill(w) => (w, TAG_FILL),
+            Value::Content(id) => (u64::from(id), TAG_CONTENT),
+        };
+        let tag = kind | if slot.persistent { PERSISTENT } else { 0 };
+        Self { object: slot.key.object, index: slot.key.index, word, pool: slot.key.pool.0, tag }
+    }
+
+    fn get(&self) -> Option<Slot> {
+        let value = match self.tag & TAG_KIND {
+            TAG_FILL => Value::Fill(self.word),
+            TAG_CONTENT => Value::Content(self.word as ContentId),
+            _ => return None,
+        };
+        let key = PageKey::new(PoolId(self.pool), self.object, self.index);
+        Some(Slot { key, value, persistent: self.tag & PERSISTENT != 0 })
+    }
+
+    fn take(&mut self) -> Option<Slot> {
+        let slot = self.get();
+        self.tag = TAG_FREE;
+        slot
+    }
+}
+
 /// An index shard.
 pub struct Shard {
     index: BTreeMap<PageKey, SlotId>,
-    slots: Vec<Option<Slot>>,
+    slots: Vec<Packed>,
     free_slots: Vec<SlotId>,
     policy: Box<dyn Eviction>,
 }
@@ -68,12 +114,12 @@ impl Shard {
     /// The slot holding `key`, if any.
     pub fn lookup(&self, key: &PageKey) -> Option<(SlotId, Slot)> {
         let &id = self.index.get(key)?;
-        self.slots[id as usize].map(|s| (id, s))
+        self.slots[id as usize].get().map(|s| (id, s))
     }
 
     /// Records a hit on an ephemeral page.
     pub fn touch(&mut self, id: SlotId, hash: u64) {
-        if self.slots[id as usize].is_some_and(|s| !s.persistent) {
+        if self.slots[id as usize].get().is_some_and(|s| !s.persistent) {
             self.policy.touch(id, hash);
         }
     }
@@ -82,11 +128,11 @@ impl Shard {
     pub fn insert(&mut self, slot: Slot, hash: u64) -> SlotId {
         let id = match self.free_slots.pop() {
             Some(id) => {
-                self.slots[id as usize] = Some(slot);
+                self.slots[id as usize] = Packed::new(slot);
                 id
             }
             None => {
-                self.slots.push(Some(slot));
+                self.slots.push(Packed::new(slot));
                 (self.slots.len() - 1) as SlotId
             }
         };
@@ -126,8 +172,8 @@ impl Shard {
     }
 
     /// Every live slot, for validation and stats.
-    pub fn slots(&self) -> impl Iterator<Item = (SlotId, &Slot)> {
-        self.slots.iter().enumerate().filter_map(|(i, s)| s.as_ref().map(|s| (i as SlotId, s)))
+    pub fn slots(&self) -> impl Iterator<Item = (SlotId, Slot)> + '_ {
+        self.slots.iter().enumerate().filter_map(|(i, s)| s.get().map(|s| (i as SlotId, s)))
     }
 
     /// Heap bytes of this shard's metadata: index, slots and policy.
@@ -138,7 +184,7 @@ impl Shard {
         let per_entry = size_of::<(PageKey, SlotId)>();
         let index = self.index.len() * per_entry * 3 / 2;
         index
-            + self.slots.capacity() * size_of::<Option<Slot>>()
+            + self.slots.capacity() * size_of::<Packed>()
             + self.free_slots.capacity() * size_of::<SlotId>()
             + self.policy.heap_bytes()
     }
@@ -158,5 +204,24 @@ impl Shard {
         assert_eq!(live + self.free_slots.len(), self.slots.len(), "slot free list drifted");
         assert_eq!(ephemeral, self.policy.len(), "policy tracks the wrong number of pages");
         self.policy.validate();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stored_slot_takes_32_bytes_and_round_trips() {
+        assert_eq!(std::mem::size_of::<Packed>(), 32);
+        let key = PageKey::new(PoolId(7), u64::MAX, 3);
+        for (value, persistent) in
+            [(Value::Fill(u64::MAX), true), (Value::Content(ContentId::MAX), false)]
+        {
+            let mut p = Packed::new(Slot { key, value, persistent });
+            let back = p.take().unwrap();
+            assert_eq!((back.key, back.value, back.persistent), (key, value, persistent));
+            assert!(p.get().is_none(), "a taken slot is free");
+        }
     }
 }

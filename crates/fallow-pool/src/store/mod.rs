@@ -28,14 +28,19 @@ use fallow_core::PAGE_SIZE;
 
 use crate::arena::{Arena, ArenaFull, FrameId, FRAMES_PER_SEGMENT};
 use crate::content::Digest;
-use crate::prehashed::PrehashedMap;
 
 mod shrink;
 
 pub use shrink::ShrinkReport;
 
-/// Content hash → content. The keys are already 128-bit hashes.
-type DedupTable = PrehashedMap<u128, ContentId>;
+/// Content ids, found by their content's hash: the table stores 4 bytes per entry, the
+/// hash itself lives in the content (its low word is the table's hash).
+type DedupTable = hashbrown::HashTable<ContentId>;
+
+/// A 128-bit content hash as the two words a [`Content`] stores.
+fn split(hash: u128) -> [u64; 2] {
+    [hash as u64, (hash >> 64) as u64]
+}
 
 /// A stored page's bytes, shared by every index entry with the same content.
 pub type ContentId = u32;
@@ -50,13 +55,43 @@ enum Place {
     Dead,
 }
 
+/// A [`Place`] in 32 bits: a frame id, or one of two markers above every frame id (the
+/// arena stops segment numbers short of them). Keeps a [`Content`] at 32 bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PackedPlace(u32);
+
+const PLACE_COMPRESSED: u32 = u32::MAX;
+const PLACE_DEAD: u32 = u32::MAX - 1;
+
+impl PackedPlace {
+    fn new(place: Place) -> Self {
+        Self(match place {
+            Place::Frame(f) => {
+                debug_assert!(f.raw() < PLACE_DEAD, "frame id {f:?} collides with a marker");
+                f.raw()
+            }
+            Place::Compressed => PLACE_COMPRESSED,
+            Place::Dead => PLACE_DEAD,
+        })
+    }
+
+    fn get(self) -> Place {
+        match self.0 {
+            PLACE_COMPRESSED => Place::Compressed,
+            PLACE_DEAD => Place::Dead,
+            raw => Place::Frame(FrameId::from_raw(raw)),
+        }
+    }
+}
+
 const PINNED: u8 = 1; // a persistent entry refers to it: never dropped to shrink
 const COMPRESSIBLE: u8 = 2; // its first pool asked for background compression
 const HASHED: u8 = 8; // `hash` is valid and (maybe) in the dedup table
 
 struct Content {
-    hash: u128,
-    place: Place,
+    /// The dedup hash as two words: a `u128` field would align the struct to 16 bytes.
+    hash: [u64; 2],
+    place: PackedPlace,
     refs: u32,
     crc: u32,
     flags: u8,
@@ -149,7 +184,10 @@ impl Store {
         opts: InternOptions,
     ) -> Result<ContentId, ArenaFull> {
         if let Some(hash) = digest.hash {
-            if let Some(&id) = self.dedup.get(&hash) {
+            let contents = &self.contents;
+            let found =
+                self.dedup.find(hash as u64, |&id| contents[id as usize].hash == split(hash));
+            if let Some(&id) = found {
                 if self.same_bytes(id, page) {
                     self.contents[id as usize].refs += 1;
                     if opts.pinned {
@@ -166,15 +204,15 @@ impl Store {
             flags |= COMPRESSIBLE;
         }
         let mut content = Content {
-            hash: 0,
-            place: Place::Frame(frame),
+            hash: [0; 2],
+            place: PackedPlace::new(Place::Frame(frame)),
             refs: 1,
             crc: digest.crc,
             flags,
             accessed: AtomicBool::new(opts.compressible),
         };
         if let Some(hash) = digest.hash {
-            content.hash = hash;
+            content.hash = split(hash);
             content.flags |= HASHED;
         }
         let id = match self.free_contents.pop() {
@@ -190,9 +228,25 @@ impl Store {
         if let Some(hash) = digest.hash {
             // A hash collision with different bytes keeps the first content in the table
             // and the new one is simply not shared, unless the first has lost its bytes.
-            let current = self.dedup.get(&hash).copied();
-            if current.is_none_or(|old| !self.is_live(old)) {
-                self.dedup.insert(hash, id);
+            let key = split(hash);
+            let contents = &self.contents;
+            let current = self.dedup.find(hash as u64, |&id| contents[id as usize].hash == key);
+            match current.copied() {
+                None => {
+                    let contents = &self.contents;
+                    self.dedup.insert_unique(hash as u64, id, |&i| contents[i as usize].hash[0]);
+                }
+                Some(old) if !self.is_live(old) => {
+                    // The old content keeps its HASHED flag but is no longer the entry, so
+                    // its release will not remove ours.
+                    let contents = &self.contents;
+                    if let Some(slot) =
+                        self.dedup.find_mut(hash as u64, |&i| contents[i as usize].hash == key)
+                    {
+                        *slot = id;
+                    }
+                }
+                Some(_) => {}
             }
         }
         self.set_owner(frame, id);
@@ -215,7 +269,7 @@ impl Store {
         let c = &mut self.contents[id as usize];
         if c.flags & PINNED == 0 {
             c.flags |= PINNED;
-            if let Place::Frame(f) = c.place {
+            if let Place::Frame(f) = c.place.get() {
                 self.pinned[f.segment()] += 1;
             }
         }
@@ -235,7 +289,7 @@ impl Store {
 
     /// True when a content still has its bytes (in a mapped frame, or compressed).
     fn is_live(&self, id: ContentId) -> bool {
-        match self.contents[id as usize].place {
+        match self.contents[id as usize].place.get() {
             Place::Frame(f) => self.arena.is_live(f),
             Place::Compressed => true,
             Place::Dead => false,
@@ -243,7 +297,7 @@ impl Store {
     }
 
     fn same_bytes(&self, id: ContentId, page: &[u8]) -> bool {
-        match self.contents[id as usize].place {
+        match self.contents[id as usize].place.get() {
             Place::Frame(f) => self.arena.is_live(f) && self.arena.bytes(f) == page,
             Place::Compressed => {
                 let mut buf = [0u8; PAGE_SIZE];
@@ -268,12 +322,11 @@ impl Store {
     /// the last reference goes.
     fn drop_bytes(&mut self, id: ContentId) {
         let c = &mut self.contents[id as usize];
-        let place = std::mem::replace(&mut c.place, Place::Dead);
+        let place = std::mem::replace(&mut c.place, PackedPlace::new(Place::Dead)).get();
         if c.flags & HASHED != 0 {
             c.flags &= !HASHED;
-            let hash = c.hash;
-            if self.dedup.get(&hash) == Some(&id) {
-                self.dedup.remove(&hash);
+            if let Ok(entry) = self.dedup.find_entry(c.hash[0], |&i| i == id) {
+                entry.remove();
             }
         }
         match place {
@@ -300,7 +353,7 @@ impl Store {
     /// Takes `&self`: several readers copy at once under the store's read lock.
     pub fn copy_out(&self, id: ContentId, out: &mut [u8]) -> Option<u32> {
         let c = &self.contents[id as usize];
-        match c.place {
+        match c.place.get() {
             Place::Frame(f) if self.arena.is_live(f) => out.copy_from_slice(self.arena.bytes(f)),
             Place::Frame(_) | Place::Dead => return None,
             // A corrupt blob fails the caller's checksum check like a corrupt frame.
@@ -342,7 +395,7 @@ impl Store {
             let id = (self.hand % n) as ContentId;
             self.hand = (self.hand + 1) % n;
             let c = &mut self.contents[id as usize];
-            let Place::Frame(frame) = c.place else { continue };
+            let Place::Frame(frame) = c.place.get() else { continue };
             if c.refs == 0 || c.flags & COMPRESSIBLE == 0 || !self.arena.is_live(frame) {
                 continue;
             }
@@ -355,7 +408,7 @@ impl Store {
                 c.flags &= !COMPRESSIBLE;
                 continue;
             }
-            c.place = Place::Compressed;
+            c.place = PackedPlace::new(Place::Compressed);
             self.move_pin(id, Some(frame), None);
             self.owner[frame.index()] = NO_OWNER;
             self.arena.free(frame);
@@ -385,7 +438,7 @@ impl Store {
     fn heap_bytes(&self) -> usize {
         use std::mem::size_of;
         // hashbrown: one control byte per bucket beside each (key, value) pair.
-        let dedup = self.dedup.capacity() * (size_of::<(u128, ContentId)>() + 1);
+        let dedup = self.dedup.capacity() * (size_of::<ContentId>() + 1);
         let blobs = self.blobs.capacity() * (size_of::<(ContentId, Box<[u8]>)>() + 1);
         self.arena.heap_bytes()
             + self.owner.capacity() * size_of::<ContentId>()
@@ -411,7 +464,7 @@ impl Store {
                 continue;
             }
             live += 1;
-            match c.place {
+            match c.place.get() {
                 Place::Frame(f) => {
                     assert_eq!(self.owner[f.index()], id, "frame {f:?} owner mismatch");
                     if self.arena.is_live(f) {
@@ -431,12 +484,16 @@ impl Store {
         for (f, &id) in self.owner.iter().enumerate() {
             if id != NO_OWNER {
                 let c = &self.contents[id as usize];
-                assert!(matches!(c.place, Place::Frame(x) if x.index() == f), "stale owner");
+                assert!(matches!(c.place.get(), Place::Frame(x) if x.index() == f), "stale owner");
             }
         }
-        for (&hash, &id) in &self.dedup {
+        let mut hashes = std::collections::HashSet::new();
+        for &id in &self.dedup {
             let c = &self.contents[id as usize];
-            assert!(c.refs > 0 && c.flags & HASHED != 0 && c.hash == hash, "stale dedup entry");
+            assert!(c.refs > 0 && c.flags & HASHED != 0, "stale dedup entry {id}");
+            assert!(hashes.insert(c.hash), "two dedup entries for one hash");
+            let found = self.dedup.find(c.hash[0], |&o| self.contents[o as usize].hash == c.hash);
+            assert_eq!(found, Some(&id), "dedup entry {id} cannot be found by its hash");
         }
         assert_eq!(pinned, self.pinned, "pinned frame counts per segment drifted");
         let mut draining: Vec<(usize, usize)> = stale.into_iter().collect();
@@ -449,7 +506,7 @@ impl Store {
     /// Flips one byte of a content's stored bytes, for integrity tests.
     #[cfg(test)]
     pub fn corrupt(&mut self, id: ContentId) {
-        if let Place::Frame(f) = self.contents[id as usize].place {
+        if let Place::Frame(f) = self.contents[id as usize].place.get() {
             self.arena.bytes_mut(f)[100] ^= 0xff;
         }
     }
@@ -476,4 +533,23 @@ pub struct StoreUsage {
     pub dropped_by_shrink: u64,
     /// Heap held by the store's tables.
     pub heap_bytes: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_content_takes_32_bytes() {
+        assert_eq!(std::mem::size_of::<Content>(), 32);
+    }
+
+    #[test]
+    fn packed_places_round_trip() {
+        for place in [Place::Compressed, Place::Dead, Place::Frame(FrameId::from_raw(0))] {
+            assert_eq!(PackedPlace::new(place).get(), place);
+        }
+        let top = FrameId::from_raw(PLACE_DEAD - 1);
+        assert_eq!(PackedPlace::new(Place::Frame(top)).get(), Place::Frame(top));
+    }
 }

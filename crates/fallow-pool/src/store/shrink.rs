@@ -10,7 +10,7 @@
 
 use fallow_core::PAGE_SIZE;
 
-use super::{ContentId, Place, Store, NO_OWNER, PINNED};
+use super::{ContentId, PackedPlace, Place, Store, NO_OWNER, PINNED};
 use crate::arena::{Arena, Mapping, FRAMES_PER_SEGMENT};
 
 /// What a shrink did.
@@ -128,7 +128,7 @@ impl Store {
                 }
             };
             self.arena.copy_frame(frame, to);
-            self.contents[id as usize].place = Place::Frame(to);
+            self.contents[id as usize].place = PackedPlace::new(Place::Frame(to));
             self.move_pin(id, Some(frame), Some(to));
             self.set_owner(to, id);
             self.owner[frame.index()] = NO_OWNER;
