@@ -59,7 +59,8 @@ impl Store {
             let release: Vec<usize> =
                 candidates[..surplus.min(max_segments)].iter().map(|c| c.2).collect();
             for &seg in &release {
-                if self.evacuate_pinned(seg, &release, report) {
+                // Most segments hold no persistent page: then nothing in them is visited.
+                if self.pinned[seg] == 0 || self.evacuate_pinned(seg, &release, report) {
                     let stale = self.stale_frames(seg);
                     report.contents_dropped += stale;
                     self.dropped += stale as u64;
