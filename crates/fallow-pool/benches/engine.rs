@@ -21,6 +21,9 @@ use fallow_core::{
 };
 use fallow_pool::{Engine, EngineBuilder};
 
+#[path = "../tests/support/mod.rs"]
+mod support;
+
 /// Budget of every engine here.
 const BUDGET: usize = 64 << 20;
 /// Pages stored before measuring (half the budget).
@@ -28,15 +31,9 @@ const KEYS: usize = 8192;
 /// Pages per `put_many` / `get_many` call.
 const BATCH: usize = 32;
 
-/// A page whose bytes are unique to `seed` (xorshift words) and not same-filled.
+/// A page whose bytes are unique to `seed` and not same-filled.
 fn page(seed: u64, out: &mut [u8]) {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    for chunk in out.chunks_exact_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        chunk.copy_from_slice(&x.to_le_bytes());
-    }
+    support::unique_page_into(seed, out);
 }
 
 /// `KEYS` unique pages laid end to end; `generation` makes a second, different set.

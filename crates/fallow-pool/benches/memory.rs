@@ -21,6 +21,9 @@ use std::time::{Duration, Instant};
 use fallow_core::{PageKey, PageStore, PoolSpec, PutOutcome, PAGE_SIZE};
 use fallow_pool::{BudgetReport, Engine, EngineBuilder};
 
+#[path = "../tests/support/mod.rs"]
+mod support;
+
 const MIB: usize = 1 << 20;
 const RUNS: usize = 5;
 /// Target of (a), bytes per page.
@@ -50,15 +53,9 @@ impl Sizes {
     }
 }
 
-/// A page whose bytes are unique to `seed` (xorshift words) and not same-filled.
+/// A page whose bytes are unique to `seed` and not same-filled.
 fn page(seed: u64, out: &mut [u8]) {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    for chunk in out.chunks_exact_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        chunk.copy_from_slice(&x.to_le_bytes());
-    }
+    support::unique_page_into(seed, out);
 }
 
 /// The key of the `i`-th page: 1024 pages per object.

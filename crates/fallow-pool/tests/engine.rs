@@ -6,6 +6,8 @@ use fallow_core::{
 };
 use fallow_pool::{Engine, EngineBuilder, SEGMENT_BYTES};
 
+mod support;
+
 fn engine(budget_pages: usize) -> Engine {
     Engine::new(
         EngineBuilder::new(budget_pages * PAGE_SIZE)
@@ -18,15 +20,7 @@ fn engine(budget_pages: usize) -> Engine {
 
 /// A page whose bytes are unique to `seed` and not same-filled.
 fn page(seed: u64) -> Vec<u8> {
-    let mut p = vec![0u8; PAGE_SIZE];
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    for chunk in p.chunks_exact_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        chunk.copy_from_slice(&x.to_le_bytes());
-    }
-    p
+    support::unique_page(seed)
 }
 
 fn get(e: &Engine, key: PageKey) -> Option<Vec<u8>> {
