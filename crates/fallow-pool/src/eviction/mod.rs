@@ -85,7 +85,7 @@ pub use wtinylfu::{WTinyLfu, WindowSizing};
 pub const POLICY_NAMES: &[&str] = &["adaptive", "lru", "s3fifo", "wtinylfu", "lirs"];
 
 /// The policy a pool uses unless configured otherwise: `adaptive`, which lets miniature
-/// simulations pick among LRU, S3-FIFO, LIRS and W-TinyLFU (see `adaptive.rs` and the
+/// simulations pick among LRU, S3-FIFO and LIRS (see `adaptive.rs` and the
 /// trace results in `BENCHMARKS.md`).
 pub const DEFAULT_POLICY: &str = "adaptive";
 
