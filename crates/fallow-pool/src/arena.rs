@@ -17,7 +17,7 @@
 //!
 //! # Locking
 //! The arena has no lock of its own: it lives inside the engine's store and is guarded by
-//! the store's mutex (see `docs/concurrency.md`).
+//! the store's lock (see `docs/concurrency.md`).
 
 use memmap2::MmapMut;
 

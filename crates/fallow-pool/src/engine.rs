@@ -6,8 +6,9 @@
 //! ```
 //!
 //! # Locking
-//! Lock order: `shards[i]` (ascending `i` when several are held) → `store` → `pools`
-//! (read). None is held across a call back into user code. See `docs/concurrency.md`.
+//! Lock order: `shards[i]` (ascending `i` when several are held) → `store` (read or write)
+//! → `pools` (read). None is held across a call back into user code. See
+//! `docs/concurrency.md`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
