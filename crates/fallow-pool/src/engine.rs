@@ -65,6 +65,26 @@ enum PutFail {
     Refused(NotStored),
 }
 
+/// A put with everything computed that needs no lock.
+struct Prepared<'a> {
+    key: PageKey,
+    page: &'a [u8],
+    pool: Arc<PoolState>,
+    fill: Option<u64>,
+    digest: Digest,
+    hash: u64,
+    shard: usize,
+}
+
+impl<'a> Prepared<'a> {
+    fn new(key: PageKey, page: &'a [u8], pool: Arc<PoolState>, inner: &Inner) -> Self {
+        let fill = fill_word(page);
+        let digest = Digest::of_unless_fill(page, fill, pool.spec.dedup);
+        let hash = key_hash(&key);
+        Self { key, page, fill, digest, hash, shard: inner.shard_of(hash), pool }
+    }
+}
+
 impl Engine {
     /// Starts an engine (and its compressor thread, if configured).
     pub fn new(config: EngineConfig) -> Self {
@@ -256,18 +276,53 @@ impl Inner {
 
     fn put(&self, key: PageKey, page: &[u8]) -> Result<PutOutcome, StoreError> {
         check_page(page.len())?;
-        let pool = self.pool(key.pool)?;
-        let fill = fill_word(page);
-        let digest = Digest::of_unless_fill(page, fill, pool.spec.dedup);
-        let hash = key_hash(&key);
-        let s = self.shard_of(hash);
-        let mut result =
-            self.put_locked(&mut self.shards[s].lock(), &pool, key, page, fill, digest, hash);
+        let job = Prepared::new(key, page, self.pool(key.pool)?, self);
+        let mut shard = self.shards[job.shard].lock();
+        self.put_one(&mut shard, &job)
+    }
+
+    /// A batched put: the digests are computed before any lock, and each shard is locked
+    /// once for all of its keys (in batch order, so a key put twice keeps the last page).
+    fn put_many(&self, keys: &[PageKey], pages: &[u8]) -> Result<Vec<PutOutcome>, StoreError> {
+        check_batch(keys.len(), pages.len())?;
+        let mut pools: Vec<(PoolId, Arc<PoolState>)> = Vec::new();
+        let mut jobs = Vec::with_capacity(keys.len());
+        for (key, page) in keys.iter().zip(pages.chunks_exact(PAGE_SIZE)) {
+            let pool = match pools.iter().find(|(id, _)| *id == key.pool) {
+                Some((_, state)) => state.clone(),
+                None => {
+                    let state = self.pool(key.pool)?;
+                    pools.push((key.pool, state.clone()));
+                    state
+                }
+            };
+            jobs.push(Prepared::new(*key, page, pool, self));
+        }
+        let mut order: Vec<usize> = (0..jobs.len()).collect();
+        order.sort_by_key(|&i| jobs[i].shard); // stable: batch order within a shard
+        let mut outcomes = vec![PutOutcome::NotStored(NotStored::Full); jobs.len()];
+        for group in order.chunk_by(|&a, &b| jobs[a].shard == jobs[b].shard) {
+            let mut shard = self.shards[jobs[group[0]].shard].lock();
+            for &i in group {
+                outcomes[i] = self.put_one(&mut shard, &jobs[i])?;
+            }
+        }
+        Ok(outcomes)
+    }
+
+    /// One put with its shard locked. When the shard has nothing left to evict, the lock is
+    /// released while room is taken from the other shards (the lock order forbids holding
+    /// two shards), then taken again for one more try.
+    fn put_one(
+        &self,
+        shard: &mut MutexGuard<'_, Shard>,
+        job: &Prepared<'_>,
+    ) -> Result<PutOutcome, StoreError> {
+        let mut result = self.put_locked(shard, job);
         if matches!(result, Ok(Err(PutFail::NeedReclaim))) {
-            // Nothing evictable in this shard: take room from the others (without holding
-            // this shard's lock, to keep the lock order), then try once more.
-            result = if self.reclaim_elsewhere(s) {
-                self.put_locked(&mut self.shards[s].lock(), &pool, key, page, fill, digest, hash)
+            let reclaimed = MutexGuard::unlocked(shard, || self.reclaim_elsewhere(job.shard));
+            result = if reclaimed {
+                self.put_locked(shard, job)
             } else {
                 Ok(Err(PutFail::Refused(NotStored::Full)))
             };
@@ -278,24 +333,19 @@ impl Inner {
             Err(PutFail::Refused(why)) => PutOutcome::NotStored(why),
         };
         match outcome {
-            PutOutcome::Stored => PoolCounters::bump(&pool.counters.puts_stored),
-            PutOutcome::NotStored(_) => PoolCounters::bump(&pool.counters.puts_refused),
+            PutOutcome::Stored => PoolCounters::bump(&job.pool.counters.puts_stored),
+            PutOutcome::NotStored(_) => PoolCounters::bump(&job.pool.counters.puts_refused),
         }
         Ok(outcome)
     }
 
     /// The part of a put that runs under the shard lock (and takes the store lock).
-    #[allow(clippy::too_many_arguments)] // one call site; a struct would only rename them
     fn put_locked(
         &self,
         shard: &mut MutexGuard<'_, Shard>,
-        pool: &PoolState,
-        key: PageKey,
-        page: &[u8],
-        fill: Option<u64>,
-        digest: Digest,
-        hash: u64,
+        job: &Prepared<'_>,
     ) -> Result<Result<(), PutFail>, StoreError> {
+        let Prepared { key, page, ref pool, fill, digest, hash, .. } = *job;
         // Checked under the shard lock: a destroy marks the pool dead before it sweeps this
         // shard, so a put that gets here first is swept and one that comes later stops here.
         if !pool.alive.load(Ordering::Acquire) {
@@ -528,6 +578,10 @@ impl PageStore for Engine {
     fn invalidate_pool(&self, pool: PoolId) -> Result<u64, StoreError> {
         let state = self.inner.pool(pool)?;
         Ok(self.inner.invalidate_range(pool, &state.counters, 0..=u64::MAX))
+    }
+
+    fn put_many(&self, keys: &[PageKey], pages: &[u8]) -> Result<Vec<PutOutcome>, StoreError> {
+        self.inner.put_many(keys, pages)
     }
 
     fn get_many(&self, keys: &[PageKey], out: &mut [u8]) -> Result<Vec<Lookup>, StoreError> {

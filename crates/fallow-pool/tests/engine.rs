@@ -305,3 +305,37 @@ fn batched_operations_match_single_ones() {
     assert_eq!(found.iter().filter(|l| l.is_hit()).count(), 5);
     e.validate();
 }
+
+#[test]
+fn put_many_with_a_key_twice_keeps_the_last_page() {
+    let e = engine(64);
+    let pool = e.create_pool(&PoolSpec::persistent()).unwrap();
+    let keys = [PageKey::new(pool, 1, 1), PageKey::new(pool, 2, 2), PageKey::new(pool, 1, 1)];
+    let pages: Vec<u8> = [page(1), page(2), page(3)].concat();
+    let outcomes = e.put_many(&keys, &pages).unwrap();
+    assert!(outcomes.iter().all(|o| *o == PutOutcome::Stored));
+    assert_eq!(get(&e, keys[0]), Some(page(3)));
+    assert_eq!(e.pool_stats(pool).unwrap().pages, 2);
+    e.validate();
+}
+
+#[test]
+fn a_persistent_batch_takes_room_from_ephemeral_pages_in_every_shard() {
+    let e = engine(16);
+    let cache = e.create_pool(&PoolSpec::ephemeral()).unwrap();
+    let keep = e.create_pool(&PoolSpec::persistent()).unwrap();
+    for i in 0..16 {
+        assert_eq!(e.put(PageKey::new(cache, 0, i), &page(i)).unwrap(), PutOutcome::Stored);
+    }
+    // Sixteen persistent pages need every frame: whichever shard a key lands in, it must
+    // evict ephemeral pages from the other shard once its own are gone.
+    let keys: Vec<PageKey> = (0..16).map(|i| PageKey::new(keep, 0, i)).collect();
+    let pages: Vec<u8> = (100..116).flat_map(page).collect();
+    let outcomes = e.put_many(&keys, &pages).unwrap();
+    assert!(outcomes.iter().all(|o| *o == PutOutcome::Stored), "{outcomes:?}");
+    for (i, key) in keys.iter().enumerate() {
+        assert_eq!(get(&e, *key), Some(page(100 + i as u64)));
+    }
+    assert_eq!(e.pool_stats(cache).unwrap().pages, 0);
+    e.validate();
+}
