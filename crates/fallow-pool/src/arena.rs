@@ -148,6 +148,16 @@ impl Arena {
         self.limit = limit;
     }
 
+    /// Segments currently mapped.
+    pub fn mapped_segments(&self) -> usize {
+        self.mapped
+    }
+
+    /// True when segment `number` is mapped.
+    pub fn is_mapped(&self, number: usize) -> bool {
+        matches!(self.segments.get(number), Some(Segment::Mapped { .. }))
+    }
+
     /// Bytes currently mapped from the OS for frames.
     pub fn mapped_bytes(&self) -> usize {
         self.mapped * SEGMENT_BYTES

@@ -34,7 +34,7 @@ use crate::store::{InternOptions, Read, ShrinkReport, Store};
 /// Segments released per store-lock hold when shrinking: bounds how long a get can wait
 /// behind a shrink (each segment costs a scan of its 512 owner slots, plus any persistent
 /// pages it moves).
-const SHRINK_STEP_SEGMENTS: usize = 8;
+const SHRINK_STEP_SEGMENTS: usize = 4;
 
 /// The in-process page pool. Cheap to share: clone the `Arc` it lives in.
 pub struct Engine {
@@ -140,11 +140,15 @@ impl Engine {
         let budget_bytes = budget_bytes.min(MAX_BUDGET_BYTES);
         let mut shrink = ShrinkReport::default();
         let mut longest_hold = std::time::Duration::ZERO;
-        self.inner.store.write().set_budget(budget_bytes);
+        let mut plan = {
+            let mut store = self.inner.store.write();
+            store.set_budget(budget_bytes);
+            store.shrink_plan()
+        };
         loop {
             let held = Instant::now();
             let (mappings, more) =
-                self.inner.store.write().shrink_step(SHRINK_STEP_SEGMENTS, &mut shrink);
+                self.inner.store.write().shrink_step(&mut plan, SHRINK_STEP_SEGMENTS, &mut shrink);
             longest_hold = longest_hold.max(held.elapsed());
             // Unmapped here, with no lock held: freeing the pages is the kernel's slowest
             // part of giving memory back, and no reader has to wait for it.

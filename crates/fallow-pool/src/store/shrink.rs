@@ -34,45 +34,56 @@ impl Store {
         self.refresh_frame_limit();
     }
 
-    /// One bounded step toward the budget: releases at most `max_segments` segments.
-    /// Returns their mappings, for the caller to drop once the store lock is released, and
-    /// whether another step is needed.
-    pub fn shrink_step(
-        &mut self,
-        max_segments: usize,
-        report: &mut ShrinkReport,
-    ) -> (Vec<Mapping>, bool) {
-        self.drop_compressed_over_budget(max_segments * FRAMES_PER_SEGMENT, report);
-        let limit = self.arena.limit();
-        let keep = limit.div_ceil(FRAMES_PER_SEGMENT);
+    /// The order in which a shrink releases segments, cheapest last (so that `pop` gives
+    /// the next one): fewest persistent pages to move, then fewest pages lost. Computed
+    /// once per budget change; a step skips entries that are no longer mapped.
+    pub fn shrink_plan(&self) -> Vec<usize> {
         let mut candidates: Vec<(u32, usize, usize)> = self
             .arena
             .segments_by_use()
             .into_iter()
             .map(|(seg, used)| (self.pinned[seg], used, seg))
             .collect();
+        candidates.sort_unstable_by(|a, b| b.cmp(a));
+        candidates.into_iter().map(|c| c.2).collect()
+    }
+
+    /// One bounded step toward the budget: releases at most `max_segments` segments, taken
+    /// from the end of `plan`. Returns their mappings, for the caller to drop once the store
+    /// lock is released, and whether another step is needed.
+    pub fn shrink_step(
+        &mut self,
+        plan: &mut Vec<usize>,
+        max_segments: usize,
+        report: &mut ShrinkReport,
+    ) -> (Vec<Mapping>, bool) {
+        self.drop_compressed_over_budget(max_segments * FRAMES_PER_SEGMENT, report);
+        let limit = self.arena.limit();
+        let keep = limit.div_ceil(FRAMES_PER_SEGMENT);
+        let surplus = self.arena.mapped_segments().saturating_sub(keep);
+        let mut release = Vec::with_capacity(max_segments);
+        while release.len() < surplus.min(max_segments) {
+            match plan.pop() {
+                Some(seg) if self.arena.is_mapped(seg) => release.push(seg),
+                Some(_) => {}
+                None => break,
+            }
+        }
         let mut mappings = Vec::new();
-        if candidates.len() > keep {
-            // Cheapest first: fewest persistent pages to move, then fewest pages lost.
-            candidates.sort_unstable();
-            let surplus = candidates.len() - keep;
-            let release: Vec<usize> =
-                candidates[..surplus.min(max_segments)].iter().map(|c| c.2).collect();
-            for &seg in &release {
-                // Most segments hold no persistent page: then nothing in them is visited.
-                if self.pinned[seg] == 0 || self.evacuate_pinned(seg, &release, report) {
-                    let stale = self.stale_frames(seg);
-                    report.contents_dropped += stale;
-                    self.dropped += stale as u64;
-                    if let Some(m) = self.arena.release_segment(seg, stale) {
-                        mappings.push(m);
-                        report.segments_released += 1;
-                    }
+        for &seg in &release {
+            // Most segments hold no persistent page: then nothing in them is visited.
+            if self.pinned[seg] == 0 || self.evacuate_pinned(seg, &release, report) {
+                let stale = self.stale_frames(seg);
+                report.contents_dropped += stale;
+                self.dropped += stale as u64;
+                if let Some(m) = self.arena.release_segment(seg, stale) {
+                    mappings.push(m);
+                    report.segments_released += 1;
                 }
             }
-            if surplus > release.len() && !mappings.is_empty() {
-                return (mappings, true);
-            }
+        }
+        if surplus > release.len() && !mappings.is_empty() && !plan.is_empty() {
+            return (mappings, true);
         }
         // Fewer segments may still leave more frames in use than the limit allows.
         self.drop_unpinned_until(limit, report);
