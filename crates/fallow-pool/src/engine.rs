@@ -123,9 +123,10 @@ impl Engine {
     }
 
     /// Changes the lent budget while running. Growing maps segments on demand; shrinking
-    /// drops ephemeral pages and returns whole segments to the OS at once. Persistent pages
-    /// are never dropped: when they alone exceed the new budget, the report says by how
-    /// many frames (`pinned_over_budget`) and a warning is logged.
+    /// returns whole segments to the OS, a few per hold of the store lock, dropping the
+    /// ephemeral pages in them. Persistent pages are never dropped: when they alone exceed
+    /// the new budget, the report says by how many frames (`pinned_over_budget`) and a
+    /// warning is logged.
     ///
     /// A budget above [`MAX_BUDGET_BYTES`] is lowered to it (and a warning logged).
     pub fn set_budget(&self, budget_bytes: usize) -> BudgetReport {
