@@ -228,22 +228,12 @@ impl Inner {
     }
 
     /// Forgets a removed slot's page: drops its content reference and its pool's count.
+    /// `counters` is `None` only when the pool is being destroyed: nobody reads them then.
     fn release(&self, store: &mut Store, slot: &Slot, counters: Option<&PoolCounters>) {
         if let Value::Content(id) = slot.value {
             store.release(id);
         }
-        let owned;
-        let counters = match counters {
-            Some(c) => c,
-            None => match self.pools.read().get(slot.key.pool) {
-                Ok(state) => {
-                    owned = state;
-                    &owned.counters
-                }
-                // The pool is being destroyed: nobody reads its counters any more.
-                Err(_) => return,
-            },
-        };
+        let Some(counters) = counters else { return };
         counters.pages.fetch_sub(1, Ordering::Relaxed);
         if matches!(slot.value, Value::Fill(_)) {
             counters.fill_pages.fetch_sub(1, Ordering::Relaxed);

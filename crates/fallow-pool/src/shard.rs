@@ -119,7 +119,9 @@ impl Shard {
 
     /// Records a hit on an ephemeral page.
     pub fn touch(&mut self, id: SlotId, hash: u64) {
-        if self.slots[id as usize].get().is_some_and(|s| !s.persistent) {
+        // Read the tag alone: a hit is the hot path, and unpacking the whole slot is not needed.
+        let tag = self.slots[id as usize].tag;
+        if tag & TAG_KIND != TAG_FREE && tag & PERSISTENT == 0 {
             self.policy.touch(id, hash);
         }
     }

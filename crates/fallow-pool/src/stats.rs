@@ -78,6 +78,8 @@ pub struct EngineStats {
     pub compression_saved_bytes: u64,
     /// Reads whose checksum failed.
     pub corruptions: u64,
+    /// Pages dropped to give memory back since the engine started.
+    pub dropped_by_shrink: u64,
     /// Frames in use beyond the budget: persistent pages that a shrink could not shed
     /// (they are never dropped). Zero in the normal case.
     pub over_budget_frames: usize,
@@ -115,6 +117,7 @@ impl EngineStats {
             compression_saved_bytes: (usage.compressed_pages as u64 * page)
                 .saturating_sub(usage.compressed_bytes as u64),
             corruptions: usage.corruptions,
+            dropped_by_shrink: usage.dropped_by_shrink,
             over_budget_frames: (usage.frames_used + usage.compressed_bytes.div_ceil(PAGE_SIZE))
                 .saturating_sub(usage.budget_bytes / PAGE_SIZE),
             metadata_bytes: index_bytes + usage.heap_bytes,

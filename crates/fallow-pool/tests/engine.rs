@@ -242,6 +242,7 @@ fn shrinking_returns_segments_and_keeps_every_persistent_page() {
     assert_eq!(e.stats().mapped_bytes, 8 * SEGMENT_BYTES);
     let report = e.set_budget(2 * SEGMENT_BYTES);
     assert_eq!(report.shrink.segments_released, 6);
+    assert_eq!(e.stats().dropped_by_shrink, report.shrink.contents_dropped as u64);
     assert!(e.stats().mapped_bytes <= 2 * SEGMENT_BYTES);
     for i in (0..n).step_by(16) {
         assert_eq!(get(&e, PageKey::new(keep, 0, i)), Some(page(i)), "persistent page {i}");
