@@ -9,5 +9,6 @@
 //! [`replay`]: those accesses through a real `fallow_pool::Engine` (one shard, an
 //! ephemeral pool of N pages), counting hits and misses.
 
+pub mod pages;
 pub mod replay;
 pub mod trace;

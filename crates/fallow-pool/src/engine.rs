@@ -85,6 +85,12 @@ impl<'a> Prepared<'a> {
     }
 }
 
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").field("config", &self.inner.config).finish_non_exhaustive()
+    }
+}
+
 impl Engine {
     /// Starts an engine (and its compressor thread, if configured).
     pub fn new(config: EngineConfig) -> Self {

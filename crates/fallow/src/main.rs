@@ -1,4 +1,5 @@
-//! The `fallow` command: one binary for every role (today: `trace`, to judge the pool's
+//! The `fallow` command: one binary for every role: `node` (lend memory), `stat` (a
+//! node's state), `bench` (load against a node or memcached) and `trace` (judge the pool's
 //! eviction policies on real block-I/O traces).
 
 use clap::{Parser, Subcommand};
@@ -16,21 +17,34 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Benchmarks against a running server: `bench pages` (fallow node or memcached).
+    #[command(subcommand)]
+    Bench(cmd::bench::BenchCommand),
+    /// Lend this host's idle memory to fallow clients (the node daemon).
+    Node(cmd::node::NodeArgs),
+    /// Print a node's state: memory, pages, savings, hit ratio, clients, pressure.
+    Stat(cmd::stat::StatArgs),
     /// Replay real block-I/O traces through the page pool engine.
     #[command(subcommand)]
     Trace(cmd::trace::TraceCommand),
 }
 
 fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    // A daemon says what it does by default; the one-shot commands only warn.
+    let default_level = if matches!(cli.command, Command::Node(_)) { "info" } else { "warn" };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FALLOW_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = Cli::parse();
     let result = match cli.command {
+        Command::Node(args) => cmd::node::run(args),
+        Command::Stat(args) => cmd::stat::run(args),
+        Command::Bench(c) => cmd::bench::run(c),
         Command::Trace(c) => cmd::trace::run(c),
     };
     match result {

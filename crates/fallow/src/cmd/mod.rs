@@ -1,3 +1,6 @@
 //! One module per subcommand.
 
+pub mod bench;
+pub mod node;
+pub mod stat;
 pub mod trace;

@@ -1,0 +1,277 @@
+//! The run: connect, warm up, measure, report. Every connection runs as one tokio task;
+//! the calling thread watches them, ticks the progress callback once a second and stops
+//! them at the deadline.
+//!
+//! ```text
+//!  run ─ connect N ─▶ [warm-up: put every key once] ─▶ measure: issue until the deadline,
+//!                                                       then drain what is in flight
+//! ```
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinSet;
+
+use super::report::{PagesReport, Stats};
+use super::workload::RequestGen;
+use super::{fallow, memcached, KeyGen, PagesError, PagesOptions, Target};
+
+/// Requests in flight per connection during the warm-up.
+const WARMUP_QUEUE_DEPTH: usize = 8;
+/// Pages per request during the warm-up.
+const WARMUP_BATCH: usize = 32;
+/// How long the requests in flight at the deadline may take to drain (each read has its
+/// own, shorter timeout; this bounds the whole).
+const DRAIN_LIMIT: Duration = Duration::from_secs(30);
+
+/// Which phase a progress tick reports on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Putting every key once; not measured.
+    Warmup,
+    /// The measured phase.
+    Measure,
+}
+
+/// A progress report, once a second.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tick {
+    /// The phase under way.
+    pub phase: Phase,
+    /// Time since the phase started.
+    pub elapsed: Duration,
+    /// Pages completed in the phase so far.
+    pub pages: u64,
+    /// Pages per second over the last tick.
+    pub pages_per_s: f64,
+}
+
+/// Runs the benchmark `opts` describes on a runtime of its own, calling `on_tick` once a
+/// second, and returns what it measured.
+pub fn run(opts: &PagesOptions, mut on_tick: impl FnMut(&Tick)) -> Result<PagesReport, PagesError> {
+    opts.validate()?;
+    let runtime = if opts.threads == 1 {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()?
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(opts.threads)
+            .enable_all()
+            .build()?
+    };
+    runtime.block_on(run_on_runtime(opts, &mut on_tick))
+}
+
+async fn run_on_runtime(
+    opts: &PagesOptions,
+    on_tick: &mut dyn FnMut(&Tick),
+) -> Result<PagesReport, PagesError> {
+    let keys = KeyGen::new(opts.keys, opts.dist).map_err(PagesError::Options)?;
+    let mut conns = connect(opts).await?;
+    let mut warmup = (0, Duration::ZERO);
+    if opts.warmup {
+        let (back, stats, took) =
+            phase(conns, Phase::Warmup, None, on_tick, |i, n| fill_plan(opts, i, n)).await?;
+        conns = back;
+        warmup = (stats.pages, took);
+    }
+    let plan = |i: usize, _: usize| {
+        let gens = match opts.target {
+            Target::Memcached { .. } => 1,
+            Target::Fallow { .. } => opts.queue_depth,
+        };
+        let gens = (0..gens)
+            .map(|g| {
+                let seed = opts.seed.wrapping_add((i * opts.queue_depth + g) as u64);
+                RequestGen::random(seed, keys.clone(), opts.workload, opts.batch, opts.value)
+            })
+            .collect();
+        (gens, opts.queue_depth)
+    };
+    let (conns, stats, took) =
+        phase(conns, Phase::Measure, Some(opts.duration), on_tick, plan).await?;
+    // Every fallow handle shares one client and pool: finishing one finishes the run.
+    if let Some(Conn::Fallow(c)) = conns.first() {
+        c.finish().await;
+    }
+    Ok(report(opts, &stats, took, warmup))
+}
+
+/// The warm-up plan of connection `i` of `n`: its share of the key space, put once.
+fn fill_plan(opts: &PagesOptions, i: usize, n: usize) -> (Vec<RequestGen>, usize) {
+    // Memcached pipelines on one socket from one generator; fallow runs one generator per
+    // request in flight.
+    let slots = match opts.target {
+        Target::Memcached { .. } => 1,
+        Target::Fallow { .. } => WARMUP_QUEUE_DEPTH,
+    };
+    let parts = (n * slots) as u64;
+    let gens = (0..slots)
+        .map(|s| {
+            let part = (i * slots + s) as u64;
+            let range = opts.keys * part / parts..opts.keys * (part + 1) / parts;
+            // Seeds apart from the measured phase's, which start at `seed`.
+            let seed = opts.seed.wrapping_sub(1 + part);
+            RequestGen::fill(seed, range, WARMUP_BATCH, opts.value)
+        })
+        .collect();
+    (gens, WARMUP_QUEUE_DEPTH)
+}
+
+/// An open connection to the server under test.
+enum Conn {
+    Memcached(memcached::Connection),
+    Fallow(fallow::Connection),
+}
+
+async fn connect(opts: &PagesOptions) -> Result<Vec<Conn>, PagesError> {
+    let failed = |source| PagesError::Connect { target: opts.target.to_string(), source };
+    match &opts.target {
+        Target::Memcached { addr } => {
+            let mut conns = Vec::with_capacity(opts.connections);
+            for _ in 0..opts.connections {
+                conns.push(Conn::Memcached(
+                    memcached::Connection::connect(addr).await.map_err(failed)?,
+                ));
+            }
+            Ok(conns)
+        }
+        Target::Fallow { addr } => {
+            let conns = fallow::Connection::connect(addr, opts).await?;
+            Ok(conns.into_iter().map(Conn::Fallow).collect())
+        }
+    }
+}
+
+impl Conn {
+    /// Runs `gens` with `queue_depth` requests in flight; gives the connection back.
+    async fn drive(
+        self,
+        gens: Vec<RequestGen>,
+        queue_depth: usize,
+        live: Arc<AtomicU64>,
+        stop: Arc<AtomicBool>,
+    ) -> (Self, Result<Stats, PagesError>) {
+        match self {
+            Conn::Memcached(mut c) => {
+                // One generator per connection: memcached pipelines on the socket.
+                let mut total = Stats::new(live.clone());
+                for gen in gens {
+                    match c.drive(gen, queue_depth, Stats::new(live.clone()), &stop).await {
+                        Ok(stats) => total.merge(&stats),
+                        Err(e) => return (Conn::Memcached(c), Err(e)),
+                    }
+                }
+                (Conn::Memcached(c), Ok(total))
+            }
+            Conn::Fallow(c) => {
+                let result = c.drive(gens, live, stop).await;
+                (Conn::Fallow(c), result)
+            }
+        }
+    }
+}
+
+/// Runs one phase on every connection and returns the connections, the merged stats and
+/// the phase's wall time. `plan(i, n)` gives connection `i` of `n` its generators and
+/// queue depth; `duration` stops the phase (else it ends when the generators run out).
+async fn phase(
+    conns: Vec<Conn>,
+    which: Phase,
+    duration: Option<Duration>,
+    on_tick: &mut dyn FnMut(&Tick),
+    plan: impl Fn(usize, usize) -> (Vec<RequestGen>, usize),
+) -> Result<(Vec<Conn>, Stats, Duration), PagesError> {
+    let live = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let n = conns.len();
+    let start = Instant::now();
+    let mut tasks = JoinSet::new();
+    for (i, conn) in conns.into_iter().enumerate() {
+        let (gens, queue_depth) = plan(i, n);
+        tasks.spawn(conn.drive(gens, queue_depth, live.clone(), stop.clone()));
+    }
+    let second = Duration::from_secs(1);
+    let mut ticks = tokio::time::interval_at((start + second).into(), second);
+    let mut deadline = duration.map(|d| start + d);
+    let mut last = (start, 0);
+    let mut total = Stats::new(live.clone());
+    let mut back = Vec::with_capacity(n);
+    let mut failure = None;
+    loop {
+        tokio::select! {
+            joined = tasks.join_next() => match joined {
+                None => break,
+                Some(Ok((conn, result))) => {
+                    back.push(conn);
+                    match result {
+                        Ok(stats) => total.merge(&stats),
+                        Err(e) => {
+                            // Stop the others; report the first failure.
+                            stop.store(true, Ordering::Relaxed);
+                            failure.get_or_insert(e);
+                        }
+                    }
+                }
+                Some(Err(join)) => {
+                    stop.store(true, Ordering::Relaxed);
+                    failure.get_or_insert(PagesError::Fallow(format!("connection task failed: {join}")));
+                }
+            },
+            _ = ticks.tick() => {
+                let (now, pages) = (Instant::now(), live.load(Ordering::Relaxed));
+                let rate = (pages - last.1) as f64 / now.duration_since(last.0).as_secs_f64().max(1e-9);
+                on_tick(&Tick { phase: which, elapsed: now - start, pages, pages_per_s: rate });
+                last = (now, pages);
+            }
+            _ = tokio::time::sleep_until(deadline.unwrap_or(start).into()), if deadline.is_some() => {
+                if stop.swap(true, Ordering::Relaxed) {
+                    // Already stopped: this is the drain limit passing.
+                    tasks.abort_all();
+                    return Err(PagesError::Stalled(DRAIN_LIMIT));
+                }
+                deadline = Some(Instant::now() + DRAIN_LIMIT);
+            }
+        }
+    }
+    match failure {
+        Some(e) => Err(e),
+        None => Ok((back, total, start.elapsed())),
+    }
+}
+
+fn report(
+    opts: &PagesOptions,
+    stats: &Stats,
+    took: Duration,
+    warmup: (u64, Duration),
+) -> PagesReport {
+    let secs = took.as_secs_f64().max(1e-9);
+    PagesReport {
+        target: opts.target.to_string(),
+        server: opts.target.kind().to_string(),
+        workload: opts.workload.to_string(),
+        dist: opts.dist.to_string(),
+        value: opts.value.to_string(),
+        keys: opts.keys,
+        connections: opts.connections,
+        queue_depth: opts.queue_depth,
+        batch: opts.batch,
+        dedup: matches!(opts.target, Target::Fallow { .. }).then_some(opts.dedup),
+        client_threads: opts.threads,
+        host_cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        warmup_pages: warmup.0,
+        warmup_seconds: warmup.1.as_secs_f64(),
+        seconds: took.as_secs_f64(),
+        requests: stats.requests,
+        pages: stats.pages,
+        requests_per_s: stats.requests as f64 / secs,
+        pages_per_s: stats.pages as f64 / secs,
+        hits: stats.hits,
+        misses: stats.misses,
+        stored: stats.stored,
+        not_stored: stats.not_stored,
+        wrong: stats.wrong,
+        latency_us: stats.latency(),
+    }
+}

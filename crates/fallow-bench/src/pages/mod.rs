@@ -1,0 +1,209 @@
+//! `fallow bench pages`: the same 4 KiB page load against a fallow node or a memcached
+//! server, so the two can be compared side by side in one run (DESIGN.md, "Targets").
+//!
+//! # The load
+//!
+//! `connections` TCP connections; each keeps up to `queue_depth` requests in flight, and
+//! each request carries `batch` pages: a fallow `get_many`/`put_many` (or a single
+//! `get`/`put` when `batch` is 1), a memcached multi-get of `batch` keys or `batch`
+//! pipelined `set`s. A request is a get or a put ([`Workload`]); its keys are drawn from
+//! `0..keys` ([`KeyDist`]); a put's pages are unique or drawn from a few identical contents
+//! ([`ValueMode`]), the latter so that fallow's dedup engages. Latency is measured per
+//! request, from the moment it is written until its last reply byte is parsed.
+//!
+//! An optional warm-up first puts every key once (not measured), so that gets hit.
+//!
+//! # Components
+//!
+//! [`keys`]: key ids, uniform or Zipf. [`memcached`]: a strict text-protocol codec and a
+//! pipelining connection. `fallow`: the same through `fallow_client`. [`report`]: the
+//! latency histogram and the final figures. The driver (private) runs the phases on a tokio
+//! runtime and ticks the progress callback once a second.
+//!
+//! The load generator shares the machine with the server under test: on a 2-core host
+//! both compete for the same CPUs, which the report states (`host_cpus`,
+//! `client_threads`).
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+mod driver;
+mod fallow;
+pub mod keys;
+pub mod memcached;
+pub mod report;
+mod workload;
+
+pub use driver::{run, Phase, Tick};
+pub use keys::{KeyDist, KeyGen};
+pub use report::{Latency, PagesReport};
+pub use workload::{ValueMode, Workload};
+
+/// The server under test, from `fallow://ADDR` or `memcached://ADDR`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// A fallow node: `HOST:PORT` or `unix:/path`.
+    Fallow {
+        /// Where the node listens.
+        addr: String,
+    },
+    /// A memcached server speaking the text protocol: `HOST:PORT`.
+    Memcached {
+        /// Where memcached listens.
+        addr: String,
+    },
+}
+
+impl Target {
+    /// `fallow` or `memcached`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Target::Fallow { .. } => "fallow",
+            Target::Memcached { .. } => "memcached",
+        }
+    }
+}
+
+impl FromStr for Target {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (scheme, addr) = s
+            .split_once("://")
+            .ok_or_else(|| format!("expected fallow://ADDR or memcached://ADDR, not {s:?}"))?;
+        if addr.is_empty() {
+            return Err(format!("{s:?} names no address"));
+        }
+        let addr = addr.to_string();
+        match scheme {
+            "fallow" => Ok(Target::Fallow { addr }),
+            "memcached" => Ok(Target::Memcached { addr }),
+            _ => Err(format!("unknown scheme {scheme:?}: expected fallow or memcached")),
+        }
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Target::Fallow { addr } => write!(f, "fallow://{addr}"),
+            Target::Memcached { addr } => write!(f, "memcached://{addr}"),
+        }
+    }
+}
+
+/// Everything a run needs. [`PagesOptions::new`] gives the defaults; [`run`] validates.
+#[derive(Debug, Clone)]
+pub struct PagesOptions {
+    /// The server under test.
+    pub target: Target,
+    /// The cluster secret for a fallow target (ignored by memcached).
+    pub secret: Vec<u8>,
+    /// Gets, puts or a mix.
+    pub workload: Workload,
+    /// The key space: ids `0..keys`.
+    pub keys: u64,
+    /// How keys are drawn.
+    pub dist: KeyDist,
+    /// What a put stores.
+    pub value: ValueMode,
+    /// TCP connections to the server.
+    pub connections: usize,
+    /// Requests in flight per connection.
+    pub queue_depth: usize,
+    /// Pages per request.
+    pub batch: usize,
+    /// Worker threads of the load generator's runtime (1: a current-thread runtime).
+    pub threads: usize,
+    /// How long the measured phase issues requests.
+    pub duration: Duration,
+    /// Put every key once before measuring, so that gets hit.
+    pub warmup: bool,
+    /// Fallow only: create the pool with dedup on (trust domain 0) or off.
+    pub dedup: bool,
+    /// Seed of every random choice (keys, mix, page contents).
+    pub seed: u64,
+}
+
+impl PagesOptions {
+    /// The defaults: gets, 65,536 uniform keys, unique pages, 1 connection at queue depth
+    /// 1, batch 1, 1 thread, 5 s, no warm-up, dedup on.
+    pub fn new(target: Target) -> Self {
+        Self {
+            target,
+            secret: Vec::new(),
+            workload: Workload::Get,
+            keys: 65_536,
+            dist: KeyDist::Uniform,
+            value: ValueMode::Random,
+            connections: 1,
+            queue_depth: 1,
+            batch: 1,
+            threads: 1,
+            duration: Duration::from_secs(5),
+            warmup: false,
+            dedup: true,
+            seed: 1,
+        }
+    }
+
+    fn validate(&self) -> Result<(), PagesError> {
+        let bad = |what: String| Err(PagesError::Options(what));
+        if self.connections == 0 || self.connections > MAX_CONNECTIONS {
+            return bad(format!("connections must be 1 to {MAX_CONNECTIONS}"));
+        }
+        if self.queue_depth == 0 || self.queue_depth > MAX_QUEUE_DEPTH {
+            return bad(format!("queue depth must be 1 to {MAX_QUEUE_DEPTH}"));
+        }
+        if self.batch == 0 || self.batch > MAX_BATCH {
+            return bad(format!("batch must be 1 to {MAX_BATCH} pages"));
+        }
+        if self.threads == 0 || self.threads > 64 {
+            return bad("threads must be 1 to 64".into());
+        }
+        if self.duration.is_zero() {
+            return bad("the duration must be above zero".into());
+        }
+        if matches!(self.target, Target::Fallow { .. }) && self.secret.is_empty() {
+            return bad("a fallow target needs the cluster secret (--secret-file)".into());
+        }
+        KeyGen::new(self.keys, self.dist).map(drop).map_err(PagesError::Options)
+    }
+}
+
+/// Upper bounds on the shape of the load: enough for any benchmark on one host, and low
+/// enough that a typo cannot open thousands of sockets.
+pub const MAX_CONNECTIONS: usize = 256;
+/// See [`MAX_CONNECTIONS`].
+pub const MAX_QUEUE_DEPTH: usize = 1024;
+/// The largest batch: fallow's largest frame carries 256 pages.
+pub const MAX_BATCH: usize = 256;
+
+/// What can stop a run.
+#[derive(Debug, thiserror::Error)]
+pub enum PagesError {
+    /// An option is out of range or missing.
+    #[error("{0}")]
+    Options(String),
+    /// The server could not be reached.
+    #[error("cannot connect to {target}: {source}")]
+    Connect {
+        /// The target URL.
+        target: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A socket failed mid-run (or the runtime could not start).
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    /// memcached sent something this client does not accept.
+    #[error("memcached: {0}")]
+    Memcached(#[from] memcached::ProtocolError),
+    /// The fallow client failed.
+    #[error("fallow: {0}")]
+    Fallow(String),
+    /// In-flight requests were not answered in time.
+    #[error("no reply within {0:?}")]
+    Stalled(Duration),
+}

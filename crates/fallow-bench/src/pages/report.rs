@@ -1,0 +1,306 @@
+//! What a run measured: per-worker [`Stats`] (an HDR latency histogram and counters),
+//! merged into one [`PagesReport`] that prints as text or serialises as JSON.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use hdrhistogram::Histogram;
+
+/// The longest latency the histogram tells apart (60 s, in ns); longer ones count as this.
+const MAX_LATENCY_NS: u64 = 60_000_000_000;
+
+/// One worker's measurements. Workers record without sharing anything but two relaxed
+/// counters for the progress line; the driver merges their stats at the end.
+#[derive(Debug)]
+pub(crate) struct Stats {
+    /// Request latencies in ns, 3 significant digits.
+    hist: Histogram<u64>,
+    pub(crate) requests: u64,
+    pub(crate) pages: u64,
+    pub(crate) hits: u64,
+    pub(crate) misses: u64,
+    pub(crate) stored: u64,
+    pub(crate) not_stored: u64,
+    pub(crate) wrong: u64,
+    /// Pages completed by every worker, read by the progress ticker.
+    live_pages: Arc<AtomicU64>,
+}
+
+impl Stats {
+    pub(crate) fn new(live_pages: Arc<AtomicU64>) -> Self {
+        // Constant bounds and precision that the crate accepts: this cannot fail.
+        let hist =
+            Histogram::new_with_bounds(1, MAX_LATENCY_NS, 3).expect("valid histogram bounds");
+        Self {
+            hist,
+            requests: 0,
+            pages: 0,
+            hits: 0,
+            misses: 0,
+            stored: 0,
+            not_stored: 0,
+            wrong: 0,
+            live_pages,
+        }
+    }
+
+    fn request(&mut self, start: Instant, pages: u64) {
+        let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.hist.saturating_record(ns.clamp(1, MAX_LATENCY_NS));
+        self.requests += 1;
+        self.pages += pages;
+        self.live_pages.fetch_add(pages, Ordering::Relaxed);
+    }
+
+    /// Records a get of `hits + misses` pages, sent at `start`; `wrong` of the hits
+    /// returned a page that no put of their key stored.
+    pub(crate) fn get(&mut self, start: Instant, hits: u64, misses: u64, wrong: u64) {
+        self.request(start, hits + misses);
+        self.hits += hits;
+        self.misses += misses;
+        self.wrong += wrong;
+    }
+
+    /// Records a put of `stored + not_stored` pages, sent at `start`.
+    pub(crate) fn put(&mut self, start: Instant, stored: u64, not_stored: u64) {
+        self.request(start, stored + not_stored);
+        self.stored += stored;
+        self.not_stored += not_stored;
+    }
+
+    /// Adds `other`'s measurements to these.
+    pub(crate) fn merge(&mut self, other: &Stats) {
+        // Both histograms share bounds, so `add` cannot fail; if it ever did, the counts
+        // stay right and only the latency of `other` is lost.
+        let _ = self.hist.add(&other.hist);
+        self.requests += other.requests;
+        self.pages += other.pages;
+        self.hits += other.hits;
+        self.misses += other.misses;
+        self.stored += other.stored;
+        self.not_stored += other.not_stored;
+        self.wrong += other.wrong;
+    }
+
+    pub(crate) fn latency(&self) -> Latency {
+        let us = |ns: u64| ns as f64 / 1000.0;
+        let at = |q: f64| us(self.hist.value_at_quantile(q));
+        if self.hist.is_empty() {
+            return Latency { p50: 0.0, p99: 0.0, p999: 0.0, max: 0.0, mean: 0.0 };
+        }
+        Latency {
+            p50: at(0.5),
+            p99: at(0.99),
+            p999: at(0.999),
+            max: us(self.hist.max()),
+            mean: self.hist.mean() / 1000.0,
+        }
+    }
+}
+
+/// Request latency, from the write of a request to the last byte of its reply, in µs.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Latency {
+    /// Median.
+    pub p50: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// 99.9th percentile.
+    pub p999: f64,
+    /// Slowest request.
+    pub max: f64,
+    /// Mean.
+    pub mean: f64,
+}
+
+/// The outcome of a run: its configuration and what it measured.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct PagesReport {
+    /// The target URL.
+    pub target: String,
+    /// `fallow` or `memcached`.
+    pub server: String,
+    /// `get`, `put` or `mix:R`.
+    pub workload: String,
+    /// `uniform` or `zipf:THETA`.
+    pub dist: String,
+    /// `random` or `dup:N`.
+    pub value: String,
+    /// Size of the key space.
+    pub keys: u64,
+    /// TCP connections.
+    pub connections: usize,
+    /// Requests in flight per connection.
+    pub queue_depth: usize,
+    /// Pages per request.
+    pub batch: usize,
+    /// Fallow only: whether the pool was created with dedup on.
+    pub dedup: Option<bool>,
+    /// Worker threads of the load generator.
+    pub client_threads: usize,
+    /// CPUs of this host, which the load generator shares with a local server.
+    pub host_cpus: usize,
+    /// Pages put by the warm-up (0: none).
+    pub warmup_pages: u64,
+    /// Wall time of the warm-up, in seconds.
+    pub warmup_seconds: f64,
+    /// Wall time of the measured phase, in seconds, including the drain of the requests
+    /// in flight at its deadline.
+    pub seconds: f64,
+    /// Requests completed.
+    pub requests: u64,
+    /// Pages carried by those requests.
+    pub pages: u64,
+    /// `requests / seconds`.
+    pub requests_per_s: f64,
+    /// `pages / seconds`.
+    pub pages_per_s: f64,
+    /// Pages a get found.
+    pub hits: u64,
+    /// Pages a get did not find.
+    pub misses: u64,
+    /// Pages a put stored.
+    pub stored: u64,
+    /// Pages a put was refused (fallow: full or over quota; memcached: `SERVER_ERROR`).
+    pub not_stored: u64,
+    /// Hits whose bytes no put of their key stored: must be 0.
+    pub wrong: u64,
+    /// Per-request latency in µs.
+    pub latency_us: Latency,
+}
+
+impl fmt::Display for PagesReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let l = &self.latency_us;
+        writeln!(f, "target       {} ({})", self.target, self.server)?;
+        write!(
+            f,
+            "load         {} pages, {} keys {}, values {}",
+            self.workload, self.keys, self.dist, self.value
+        )?;
+        if let Some(dedup) = self.dedup {
+            write!(f, ", pool dedup {}", if dedup { "on" } else { "off" })?;
+        }
+        writeln!(f)?;
+        writeln!(
+            f,
+            "shape        {} connection(s) x queue depth {} x batch {}",
+            self.connections, self.queue_depth, self.batch
+        )?;
+        writeln!(
+            f,
+            "client       {} thread(s) on a {}-CPU host shared with the server if it is local",
+            self.client_threads, self.host_cpus
+        )?;
+        if self.warmup_pages > 0 {
+            writeln!(
+                f,
+                "warm-up      {} pages put in {:.2} s",
+                self.warmup_pages, self.warmup_seconds
+            )?;
+        }
+        writeln!(f, "duration     {:.2} s", self.seconds)?;
+        writeln!(f, "requests     {} ({:.0}/s)", self.requests, self.requests_per_s)?;
+        writeln!(f, "pages        {} ({:.0}/s)", self.pages, self.pages_per_s)?;
+        writeln!(
+            f,
+            "gets         {} hits, {} misses, {} wrong",
+            self.hits, self.misses, self.wrong
+        )?;
+        writeln!(f, "puts         {} stored, {} not stored", self.stored, self.not_stored)?;
+        write!(
+            f,
+            "latency µs   p50 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}  mean {:.1}",
+            l.p50, l.p99, l.p999, l.max, l.mean
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn stats() -> Stats {
+        Stats::new(Arc::new(AtomicU64::new(0)))
+    }
+
+    #[test]
+    fn counts_and_percentiles() {
+        let live = Arc::new(AtomicU64::new(0));
+        let mut s = Stats::new(live.clone());
+        let start = Instant::now();
+        std::thread::sleep(Duration::from_millis(2));
+        s.get(start, 3, 1, 0);
+        s.put(start, 2, 0);
+        assert_eq!((s.requests, s.pages, s.hits, s.misses, s.stored), (2, 6, 3, 1, 2));
+        assert_eq!(live.load(Ordering::Relaxed), 6);
+        let l = s.latency();
+        assert!(l.p50 >= 2000.0 && l.p50 < 60_000.0, "{l:?}");
+        assert!(l.p50 <= l.p99 && l.p99 <= l.p999 && l.p999 <= l.max);
+    }
+
+    #[test]
+    fn percentiles_of_a_known_distribution() {
+        let mut s = stats();
+        // 1..=1000 µs, one each: p50 ≈ 500 µs, p99 ≈ 990 µs, within 0.1 %.
+        for us in 1..=1000u64 {
+            s.hist.record(us * 1000).unwrap();
+        }
+        let l = s.latency();
+        assert!((l.p50 - 500.0).abs() < 1.0, "{l:?}");
+        assert!((l.p99 - 990.0).abs() < 1.5, "{l:?}");
+        assert!((l.p999 - 999.0).abs() < 1.5, "{l:?}");
+        assert!((l.mean - 500.5).abs() < 1.0, "{l:?}");
+    }
+
+    #[test]
+    fn merge_adds_counts_and_histograms() {
+        let (mut a, mut b) = (stats(), stats());
+        a.hist.record(10_000).unwrap();
+        b.hist.record(1_000_000).unwrap();
+        b.wrong = 1;
+        b.requests = 1;
+        a.merge(&b);
+        assert_eq!((a.requests, a.wrong), (1, 1));
+        assert!((a.latency().max - 1000.0).abs() < 1.0);
+        assert_eq!(stats().latency().p50, 0.0, "an empty histogram reports zeros");
+    }
+
+    #[test]
+    fn report_prints_every_figure() {
+        let report = PagesReport {
+            target: "memcached://127.0.0.1:1".into(),
+            server: "memcached".into(),
+            workload: "get".into(),
+            dist: "uniform".into(),
+            value: "random".into(),
+            keys: 10,
+            connections: 1,
+            queue_depth: 2,
+            batch: 3,
+            dedup: None,
+            client_threads: 1,
+            host_cpus: 2,
+            warmup_pages: 10,
+            warmup_seconds: 0.5,
+            seconds: 1.0,
+            requests: 100,
+            pages: 300,
+            requests_per_s: 100.0,
+            pages_per_s: 300.0,
+            hits: 299,
+            misses: 1,
+            stored: 0,
+            not_stored: 0,
+            wrong: 0,
+            latency_us: Latency { p50: 15.0, p99: 40.0, p999: 90.0, max: 100.0, mean: 16.0 },
+        };
+        let text = report.to_string();
+        for needle in ["300/s", "299 hits", "p50 15.0", "p99.9 90.0", "queue depth 2 x batch 3"] {
+            assert!(text.contains(needle), "{needle:?} missing from\n{text}");
+        }
+    }
+}

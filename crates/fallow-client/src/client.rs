@@ -1,0 +1,350 @@
+//! The async client: connections (opened lazily, reopened after a failure), batching over
+//! the node's batch limit, and one retry of idempotent requests on a fresh connection.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use fallow_core::{check_batch, ObjectId, PageKey, PoolId, PoolSpec, PutOutcome, PAGE_SIZE};
+use fallow_proto::fallow::{Op, PageRef, Reply, Request, Status};
+use parking_lot::Mutex;
+
+use crate::conn::Conn;
+use crate::{ClientConfig, ClientError, NodeStats};
+
+/// A client of one node. Cheap to clone (clones share connections); every method takes
+/// `&self`, so any number of requests can be in flight at once, pipelined on the
+/// connections.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").field("config", &self.inner.config).finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    config: ClientConfig,
+    slots: Vec<Slot>,
+    next: AtomicUsize,
+}
+
+/// One connection, replaced when it fails.
+struct Slot {
+    current: Mutex<Option<Arc<Conn>>>,
+    /// Serialises reconnects, so a burst of requests on a dead connection opens one new
+    /// connection, not one each.
+    connecting: tokio::sync::Mutex<()>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for slot in &self.slots {
+            if let Some(conn) = slot.current.lock().take() {
+                conn.close();
+            }
+        }
+    }
+}
+
+/// Whether a request may be sent again after its connection broke with it in flight.
+/// A repeated take could lose a page the first attempt took, and a repeated destroy could
+/// detach twice; everything else has the same effect when repeated.
+fn retryable(op: Op) -> bool {
+    !matches!(op, Op::Take | Op::DestroyPool)
+}
+
+impl Client {
+    /// Connects (the first connection is opened now, so a wrong address or secret is
+    /// reported here; the others open on first use).
+    pub async fn connect(config: ClientConfig) -> Result<Client, ClientError> {
+        let slots = (0..config.connections.max(1))
+            .map(|_| Slot { current: Mutex::new(None), connecting: tokio::sync::Mutex::new(()) })
+            .collect();
+        let client = Client { inner: Arc::new(Inner { config, slots, next: AtomicUsize::new(0) }) };
+        client.conn_at(0).await?;
+        Ok(client)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ClientConfig {
+        &self.inner.config
+    }
+
+    /// The node's id, from the most recent handshake.
+    pub async fn node_id(&self) -> Result<u128, ClientError> {
+        Ok(self.conn().await?.node_id)
+    }
+
+    async fn conn(&self) -> Result<Arc<Conn>, ClientError> {
+        let i = self.inner.next.fetch_add(1, Ordering::Relaxed) % self.inner.slots.len();
+        self.conn_at(i).await
+    }
+
+    async fn conn_at(&self, i: usize) -> Result<Arc<Conn>, ClientError> {
+        let slot = &self.inner.slots[i];
+        if let Some(conn) = slot.current.lock().as_ref().filter(|c| !c.is_closed()) {
+            return Ok(conn.clone());
+        }
+        let _one_at_a_time = slot.connecting.lock().await;
+        if let Some(conn) = slot.current.lock().as_ref().filter(|c| !c.is_closed()) {
+            return Ok(conn.clone());
+        }
+        let conn = Conn::open(&self.inner.config).await?;
+        tracing::debug!(endpoint = %self.inner.config.endpoint, slot = i, "connected");
+        *slot.current.lock() = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// Sends a request and parses its reply; retries once on a fresh connection when the
+    /// connection failed and the op allows it.
+    async fn request(&self, request: &Request, keys: usize) -> Result<Reply, ClientError> {
+        let op = request.op();
+        let mut attempts = if retryable(op) { 2 } else { 1 };
+        loop {
+            attempts -= 1;
+            let result = match self.conn().await {
+                Ok(conn) => conn.call(request, self.inner.config.timeout).await,
+                Err(err) => Err(err),
+            };
+            match result {
+                Ok(frame) => {
+                    return Reply::parse(frame, op, keys).map_err(|e| {
+                        ClientError::Protocol(format!("bad {} reply: {e}", op.name()))
+                    });
+                }
+                Err(err) if attempts > 0 && err.is_connection_error() => {
+                    tracing::debug!(%err, op = op.name(), "retrying on a fresh connection");
+                }
+                Err(err) => return Err(err),
+            }
+        }
+    }
+
+    /// The most pages per request, as the node announced.
+    async fn max_batch(&self) -> Result<usize, ClientError> {
+        Ok(self.conn().await?.max_batch)
+    }
+
+    /// Creates a pool, or attaches to the shared pool with the spec's UUID.
+    pub async fn create_pool(&self, spec: &PoolSpec) -> Result<PoolId, ClientError> {
+        match self.request(&Request::CreatePool(*spec), 0).await? {
+            Reply::Pool(pool) => Ok(pool),
+            other => Err(failure(other, None)),
+        }
+    }
+
+    /// Detaches from a pool (its pages go when its last user detaches).
+    pub async fn destroy_pool(&self, pool: PoolId) -> Result<(), ClientError> {
+        match self.request(&Request::DestroyPool(pool), 0).await? {
+            Reply::Empty => Ok(()),
+            other => Err(failure(other, Some(pool))),
+        }
+    }
+
+    /// Removes every page of a pool; returns how many were removed.
+    pub async fn invalidate_pool(&self, pool: PoolId) -> Result<u64, ClientError> {
+        match self.request(&Request::InvalidatePool(pool), 0).await? {
+            Reply::Count(n) => Ok(n),
+            other => Err(failure(other, Some(pool))),
+        }
+    }
+
+    /// Removes every page of one object; returns how many were removed.
+    pub async fn invalidate_object(
+        &self,
+        pool: PoolId,
+        object: ObjectId,
+    ) -> Result<u64, ClientError> {
+        match self.request(&Request::InvalidateObject { pool, object }, 0).await? {
+            Reply::Count(n) => Ok(n),
+            other => Err(failure(other, Some(pool))),
+        }
+    }
+
+    /// Removes one page.
+    pub async fn invalidate_page(&self, key: PageKey) -> Result<(), ClientError> {
+        self.invalidate_pages(&[key]).await
+    }
+
+    /// Removes a batch of pages (any number, in any pools).
+    pub async fn invalidate_pages(&self, keys: &[PageKey]) -> Result<(), ClientError> {
+        let max = self.max_batch().await?;
+        let requests = runs(keys, max).map(|(pool, range)| {
+            let pages = refs(&keys[range]);
+            async move {
+                match self.request(&Request::InvalidatePages { pool, pages }, 0).await? {
+                    Reply::Empty => Ok(()),
+                    other => Err(failure(other, Some(pool))),
+                }
+            }
+        });
+        futures::future::try_join_all(requests).await.map(|_| ())
+    }
+
+    /// Stores one page (exactly 4096 bytes).
+    pub async fn put(&self, key: PageKey, page: Bytes) -> Result<PutOutcome, ClientError> {
+        Ok(self.put_many(&[key], page).await?[0])
+    }
+
+    /// Stores `keys.len()` pages: the i-th 4096 bytes of `pages` under `keys[i]`. Split into
+    /// requests of at most the node's batch size, sent pipelined.
+    pub async fn put_many(
+        &self,
+        keys: &[PageKey],
+        pages: Bytes,
+    ) -> Result<Vec<PutOutcome>, ClientError> {
+        check_batch(keys.len(), pages.len()).map_err(|_| ClientError::BadLength {
+            got: pages.len(),
+            expected: keys.len() * PAGE_SIZE,
+        })?;
+        let max = self.max_batch().await?;
+        let requests = runs(keys, max).map(|(pool, range)| {
+            let request = Request::Put {
+                pool,
+                pages: refs(&keys[range.clone()]),
+                data: pages.slice(range.start * PAGE_SIZE..range.end * PAGE_SIZE),
+            };
+            let n = range.len();
+            async move {
+                match self.request(&request, n).await? {
+                    Reply::Put(outcomes) => Ok(outcomes),
+                    other => Err(failure(other, Some(pool))),
+                }
+            }
+        });
+        let parts = futures::future::try_join_all(requests).await?;
+        Ok(parts.into_iter().flatten().collect())
+    }
+
+    /// Reads one page; it stays in the pool. A miss is `Ok(None)`.
+    pub async fn get(&self, key: PageKey) -> Result<Option<Bytes>, ClientError> {
+        Ok(self.read_many(Op::Get, &[key]).await?.pop().flatten())
+    }
+
+    /// Reads one page and removes it from the pool (exclusive caching). A miss is
+    /// `Ok(None)`. Never retried: a retry could miss a page the first attempt took.
+    pub async fn take(&self, key: PageKey) -> Result<Option<Bytes>, ClientError> {
+        Ok(self.read_many(Op::Take, &[key]).await?.pop().flatten())
+    }
+
+    /// Reads a batch of pages: `None` for each miss.
+    pub async fn get_many(&self, keys: &[PageKey]) -> Result<Vec<Option<Bytes>>, ClientError> {
+        self.read_many(Op::Get, keys).await
+    }
+
+    /// Takes a batch of pages: `None` for each miss.
+    pub async fn take_many(&self, keys: &[PageKey]) -> Result<Vec<Option<Bytes>>, ClientError> {
+        self.read_many(Op::Take, keys).await
+    }
+
+    async fn read_many(&self, op: Op, keys: &[PageKey]) -> Result<Vec<Option<Bytes>>, ClientError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let max = self.max_batch().await?;
+        let requests = runs(keys, max).map(|(pool, range)| {
+            let pages = refs(&keys[range.clone()]);
+            let request = if op == Op::Take {
+                Request::Take { pool, pages }
+            } else {
+                Request::Get { pool, pages }
+            };
+            let n = range.len();
+            async move {
+                match self.request(&request, n).await? {
+                    Reply::Pages { found, data } => {
+                        let mut at = 0;
+                        Ok(found
+                            .into_iter()
+                            .map(|hit| {
+                                hit.then(|| {
+                                    at += PAGE_SIZE;
+                                    data.slice(at - PAGE_SIZE..at)
+                                })
+                            })
+                            .collect::<Vec<_>>())
+                    }
+                    other => Err(failure(other, Some(pool))),
+                }
+            }
+        });
+        let parts = futures::future::try_join_all(requests).await?;
+        Ok(parts.into_iter().flatten().collect())
+    }
+
+    /// The node's counters and those of the pools this client can reach.
+    pub async fn stats(&self) -> Result<NodeStats, ClientError> {
+        match self.request(&Request::Stats, 0).await? {
+            Reply::Stats(entries) => Ok(NodeStats { entries }),
+            other => Err(failure(other, None)),
+        }
+    }
+
+    /// One round trip with nothing to do; returns how long it took.
+    pub async fn ping(&self) -> Result<Duration, ClientError> {
+        let start = Instant::now();
+        match self.request(&Request::Ping, 0).await? {
+            Reply::Empty => Ok(start.elapsed()),
+            other => Err(failure(other, None)),
+        }
+    }
+}
+
+/// Splits `keys` into runs of one pool, at most `max` long, in order.
+fn runs(
+    keys: &[PageKey],
+    max: usize,
+) -> impl Iterator<Item = (PoolId, std::ops::Range<usize>)> + '_ {
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        if start >= keys.len() {
+            return None;
+        }
+        let pool = keys[start].pool;
+        let mut end = start + 1;
+        while end < keys.len() && end - start < max && keys[end].pool == pool {
+            end += 1;
+        }
+        let run = (pool, start..end);
+        start = end;
+        Some(run)
+    })
+}
+
+fn refs(keys: &[PageKey]) -> Vec<PageRef> {
+    keys.iter().map(|k| PageRef { object: k.object, index: k.index }).collect()
+}
+
+/// The error for a reply that is not the success its request expects.
+fn failure(reply: Reply, pool: Option<PoolId>) -> ClientError {
+    match reply {
+        Reply::Error { status: Status::UnknownPool, message } => match pool {
+            Some(pool) => ClientError::UnknownPool(pool),
+            None => ClientError::Refused { status: Status::UnknownPool, message },
+        },
+        Reply::Error { status, message } => ClientError::Refused { status, message },
+        other => ClientError::Protocol(format!("unexpected reply {other:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_split_by_pool_and_size() {
+        let k = |p, i| PageKey::new(PoolId(p), 0, i);
+        let keys = [k(1, 0), k(1, 1), k(1, 2), k(2, 0), k(1, 3)];
+        let got: Vec<_> = runs(&keys, 2).collect();
+        assert_eq!(
+            got,
+            vec![(PoolId(1), 0..2), (PoolId(1), 2..3), (PoolId(2), 3..4), (PoolId(1), 4..5)]
+        );
+        assert_eq!(runs(&[], 2).count(), 0);
+    }
+}

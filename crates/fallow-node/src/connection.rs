@@ -1,0 +1,304 @@
+//! One client connection: read frames, answer them, write the replies.
+//!
+//! One task owns the socket. It decodes every whole frame in its read buffer, answers page
+//! requests inline (they take microseconds) into one output buffer, hands slow requests
+//! (invalidate a pool or object, destroy a pool, stats) to blocking threads, and writes
+//! all replies ready with one write. So a pipelining client gets its replies batched, and a
+//! slow request never holds up the page requests behind it: replies leave in completion
+//! order, matched by request id.
+//!
+//! Hostile input: a bad length field closes the connection (the stream cannot be
+//! resynchronised); a bad body gets an error reply and the connection goes on; anything
+//! before AUTH other than HELLO/AUTH, a wrong proof or no common version closes it. Before
+//! AUTH, frames are limited to a few hundred bytes, and the handshake must finish within
+//! `handshake_timeout`. A peer that stops reading its replies is dropped after
+//! `write_timeout`. Each of these is logged and counted in `fallow_protocol_errors`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::BytesMut;
+use fallow_proto::fallow::frame::{decode_limited, Frame};
+use fallow_proto::fallow::{encode_error, Op, Request, Status, MAX_FRAME_LEN};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::cmd::{self, handshake, handshake::Phase};
+use crate::node::Node;
+
+/// The longest frame accepted before authentication: HELLO and AUTH are under 100 bytes.
+const PRE_AUTH_MAX_FRAME: usize = 256;
+
+/// Read buffer growth: big enough for a burst of pipelined requests in one read.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// Replies are written once this many bytes are waiting, even mid-burst, so the output
+/// buffer stays bounded.
+const FLUSH_AT: usize = 1 << 20;
+
+/// Slow requests one connection may have on blocking threads at once; beyond that they
+/// run inline.
+const MAX_SLOW_IN_FLIGHT: usize = 16;
+
+/// Why a connection ended.
+#[derive(Debug, thiserror::Error)]
+enum Closed {
+    #[error("peer closed the connection")]
+    Eof,
+    #[error("node is shutting down")]
+    Shutdown,
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+    #[error("handshake not finished in time")]
+    HandshakeTimeout,
+    #[error("peer stopped reading replies")]
+    WriteTimeout,
+}
+
+struct Connection {
+    node: Arc<Node>,
+    peer: String,
+    phase: Phase,
+    out: BytesMut,
+    slow_in_flight: usize,
+    slow_done: mpsc::UnboundedSender<BytesMut>,
+}
+
+/// Serves one accepted connection until it closes.
+pub(crate) async fn serve<S>(node: Arc<Node>, stream: S, peer: String, shutdown: CancellationToken)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let metrics = node.metrics();
+    metrics.connections.inc();
+    metrics.connections_total.inc();
+    tracing::debug!(%peer, "connection accepted");
+    let (slow_done, slow_results) = mpsc::unbounded_channel();
+    let mut conn = Connection {
+        node: node.clone(),
+        peer,
+        phase: Phase::AwaitHello,
+        out: BytesMut::with_capacity(READ_CHUNK),
+        slow_in_flight: 0,
+        slow_done,
+    };
+    let closed = conn.run(stream, slow_results, shutdown).await;
+    match &closed {
+        Closed::Eof | Closed::Shutdown => tracing::debug!(peer = %conn.peer, "connection closed"),
+        Closed::Io(err) => tracing::info!(peer = %conn.peer, %err, "connection failed"),
+        Closed::Protocol(_) | Closed::HandshakeTimeout | Closed::WriteTimeout => {
+            tracing::warn!(peer = %conn.peer, reason = %closed, "connection dropped")
+        }
+    }
+    match closed {
+        Closed::HandshakeTimeout => node.metrics().reject("handshake_timeout"),
+        Closed::WriteTimeout => node.metrics().reject("write_timeout"),
+        _ => {}
+    }
+    if let Phase::Ready { client_id, .. } = conn.phase {
+        node.clients().disconnect(client_id);
+    }
+    node.metrics().connections.dec();
+}
+
+impl Connection {
+    async fn run<S>(
+        &mut self,
+        mut stream: S,
+        mut slow_results: mpsc::UnboundedReceiver<BytesMut>,
+        shutdown: CancellationToken,
+    ) -> Closed
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        let config = self.node.config().clone();
+        let handshake_deadline = tokio::time::Instant::now() + config.handshake_timeout;
+        let mut input = BytesMut::with_capacity(READ_CHUNK);
+        loop {
+            let verdict = self.process(&mut input);
+            if !self.out.is_empty() {
+                let write = stream.write_all(&self.out);
+                match tokio::time::timeout(config.write_timeout, write).await {
+                    Ok(Ok(())) => self.out.clear(),
+                    Ok(Err(err)) => return Closed::Io(err),
+                    Err(_) => return Closed::WriteTimeout,
+                }
+            }
+            if let Err(closed) = verdict {
+                return closed;
+            }
+            let ready = matches!(self.phase, Phase::Ready { .. });
+            if input.capacity() - input.len() < READ_CHUNK / 4 {
+                input.reserve(READ_CHUNK);
+            }
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return Closed::Shutdown,
+                Some(reply) = slow_results.recv() => {
+                    self.slow_in_flight -= 1;
+                    self.out.extend_from_slice(&reply);
+                }
+                read = stream.read_buf(&mut input) => match read {
+                    Ok(0) => return Closed::Eof,
+                    Ok(_) => {}
+                    Err(err) => return Closed::Io(err),
+                },
+                _ = tokio::time::sleep_until(handshake_deadline), if !ready => {
+                    return Closed::HandshakeTimeout;
+                }
+            }
+        }
+    }
+
+    /// Answers every whole frame in `input`. Stops early to let the caller write when the
+    /// output grows large; returns an error when the connection must close (after the
+    /// output, which may hold the reason, is written).
+    fn process(&mut self, input: &mut BytesMut) -> Result<(), Closed> {
+        while self.out.len() < FLUSH_AT {
+            let limit = match self.phase {
+                Phase::Ready { .. } => MAX_FRAME_LEN,
+                _ => PRE_AUTH_MAX_FRAME,
+            };
+            let frame = match decode_limited(input, limit) {
+                Ok(Some(frame)) => frame,
+                Ok(None) => return Ok(()),
+                Err(err) => {
+                    self.node.metrics().reject("bad_frame");
+                    let message = err.to_string();
+                    encode_error(&mut self.out, 0, 0, Status::BadFrame, &message);
+                    return Err(Closed::Protocol(message));
+                }
+            };
+            self.handle(frame)?;
+        }
+        Ok(())
+    }
+
+    fn handle(&mut self, frame: Frame) -> Result<(), Closed> {
+        let started = Instant::now();
+        let (op_code, id) = (frame.op, frame.id);
+        let request = match Request::parse(frame) {
+            Ok(request) => request,
+            Err(err) => {
+                let status = match self.phase {
+                    Phase::Ready { .. } => err.status(),
+                    // A peer that cannot say HELLO properly is not a fallow client.
+                    Phase::AwaitHello => Status::UnsupportedVersion,
+                    Phase::AwaitAuth { .. } => Status::NotAuthenticated,
+                };
+                let metrics = self.node.metrics();
+                metrics.reject(status.name());
+                if status == Status::UnsupportedVersion {
+                    let reply = fallow_proto::fallow::Reply::VersionMismatch {
+                        min: fallow_proto::fallow::VERSION,
+                        max: fallow_proto::fallow::VERSION,
+                    };
+                    reply.encode(Op::Hello, id, &mut self.out);
+                } else {
+                    encode_error(&mut self.out, op_code, id, status, &err.to_string());
+                }
+                if let Some(op) = Op::from_code(op_code) {
+                    metrics.request(op, status, started.elapsed().as_secs_f64());
+                }
+                if status.closes_connection() {
+                    return Err(Closed::Protocol(err.to_string()));
+                }
+                tracing::debug!(peer = %self.peer, %err, "malformed request");
+                return Ok(());
+            }
+        };
+        let op = request.op();
+        let status = match (&self.phase, request) {
+            (Phase::AwaitHello, Request::Hello(hello)) => {
+                let name = hello.name.clone();
+                match handshake::hello(&self.node, hello, id, &mut self.out) {
+                    Ok(next) => {
+                        tracing::debug!(peer = %self.peer, %name, "hello");
+                        self.phase = next;
+                        Status::Ok
+                    }
+                    Err(status) => return self.refuse(op, status, "no protocol version in common"),
+                }
+            }
+            (
+                Phase::AwaitAuth { version, challenge, client_id, name },
+                Request::Auth { client_nonce, proof },
+            ) => {
+                let (version, challenge, client_id, name) =
+                    (*version, *challenge, *client_id, name.clone());
+                match handshake::auth(
+                    &self.node,
+                    version,
+                    challenge,
+                    client_id,
+                    client_nonce,
+                    &proof,
+                    id,
+                    &mut self.out,
+                ) {
+                    Ok(next) => {
+                        tracing::info!(
+                            peer = %self.peer,
+                            client = %format_args!("{client_id:032x}"),
+                            %name,
+                            "client authenticated"
+                        );
+                        self.phase = next;
+                        Status::Ok
+                    }
+                    Err(status) => return self.refuse(op, status, "wrong secret"),
+                }
+            }
+            (Phase::AwaitHello | Phase::AwaitAuth { .. }, _) => {
+                encode_error(
+                    &mut self.out,
+                    op as u8,
+                    id,
+                    Status::NotAuthenticated,
+                    "authenticate first",
+                );
+                return self.refuse(op, Status::NotAuthenticated, "request before authentication");
+            }
+            (Phase::Ready { client, .. }, request) => {
+                if cmd::is_slow(&request) && self.slow_in_flight < MAX_SLOW_IN_FLIGHT {
+                    self.spawn_slow(client.clone(), request, id, started);
+                    return Ok(());
+                }
+                cmd::execute(&self.node, client, request, id, &mut self.out)
+            }
+        };
+        self.node.metrics().request(op, status, started.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    /// Counts and logs a refusal that closes the connection (its reply is already in `out`).
+    fn refuse(&mut self, op: Op, status: Status, why: &str) -> Result<(), Closed> {
+        let metrics = self.node.metrics();
+        metrics.reject(status.name());
+        metrics.request(op, status, 0.0);
+        Err(Closed::Protocol(why.to_string()))
+    }
+
+    fn spawn_slow(
+        &mut self,
+        client: Arc<crate::clients::Client>,
+        request: Request,
+        id: u64,
+        started: Instant,
+    ) {
+        self.slow_in_flight += 1;
+        let node = self.node.clone();
+        let done = self.slow_done.clone();
+        tokio::task::spawn_blocking(move || {
+            let op = request.op();
+            let mut out = BytesMut::new();
+            let status = cmd::execute(&node, &client, request, id, &mut out);
+            node.metrics().request(op, status, started.elapsed().as_secs_f64());
+            // The connection may have closed meanwhile; then the reply has nowhere to go.
+            let _ = done.send(out);
+        });
+    }
+}

@@ -1,0 +1,32 @@
+//! The fallow node: lends this host's idle memory to clients over the pool protocol
+//! (`docs/protocol.md`).
+//!
+//! ```text
+//!  listeners (TCP, Unix) ──▶ connection (one task each) ──▶ cmd/<request> ──▶ Engine
+//!                                 │  HELLO/AUTH first              ▲
+//!                                 └─ slow requests on blocking threads
+//!  lending governor (a thread) ── set_budget ──────────────────────┘
+//!  /metrics (Prometheus) ◀── Metrics, engine stats at scrape time
+//! ```
+//!
+//! # Components
+//! [`Server`]: binds the listeners and runs everything below until shut down.
+//! `connection`: one client connection, its handshake, pipelining and hostile-input rules.
+//! `cmd`: one function per request type. [`clients`]: who may reach which pool.
+//! [`metrics`]: Prometheus counters and the `/metrics` endpoint. [`lending`]: how much to
+//! lend, following the host's memory pressure. [`config`]: settings and the TOML file.
+
+pub mod clients;
+mod cmd;
+pub mod config;
+mod connection;
+pub mod lending;
+pub mod listen;
+pub mod metrics;
+mod node;
+mod server;
+
+pub use config::{ConfigFile, NodeConfig};
+pub use listen::ListenAddr;
+pub use node::Node;
+pub use server::Server;

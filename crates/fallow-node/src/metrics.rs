@@ -1,0 +1,331 @@
+//! Prometheus metrics: counters the request path updates, gauges read from the engine at
+//! scrape time, and the `/metrics` HTTP endpoint.
+//!
+//! The request path touches only pre-resolved handles (one per op), so counting a request
+//! costs a few atomic adds and one histogram observation; label lookups happen for errors
+//! only.
+
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use fallow_proto::fallow::{Op, Status};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+
+use crate::node::Node;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpStatus {
+    op: &'static str,
+    status: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpLabel {
+    op: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PageResult {
+    op: &'static str,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Kind {
+    kind: &'static str,
+}
+
+type HistogramFamily = Family<OpLabel, Histogram, fn() -> Histogram>;
+
+/// Handles for one op, resolved once.
+#[derive(Debug, Clone)]
+pub struct OpMetrics {
+    ok: Counter,
+    latency: Histogram,
+}
+
+/// What a page operation did, per page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageEvent {
+    /// A get or take found the page.
+    Hit,
+    /// A get or take did not.
+    Miss,
+    /// A put was stored.
+    Stored,
+    /// A put was refused (full or over quota).
+    Refused,
+}
+
+/// Every metric of a node.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    per_op: Vec<(Op, OpMetrics)>,
+    requests: Family<OpStatus, Counter>,
+    page_handles: [[Counter; 4]; 3],
+    /// Open connections.
+    pub connections: Gauge,
+    /// Connections accepted since start.
+    pub connections_total: Counter,
+    rejections: Family<Kind, Counter>,
+    engine: EngineGauges,
+}
+
+#[derive(Debug, Default)]
+struct EngineGauges {
+    lent: Gauge,
+    mapped: Gauge,
+    used: Gauge,
+    pages: Gauge,
+    dedup_saved: Gauge,
+    compression_saved: Gauge,
+    evictions: Gauge,
+    corruptions: Gauge,
+    over_budget: Gauge,
+    metadata: Gauge,
+    clients: Gauge,
+    pools: Gauge,
+    host_available: Gauge,
+    psi_some_avg10: Gauge<f64, AtomicU64>,
+    budget_shrinks: Gauge,
+    budget_grows: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("fallow");
+        let requests = Family::<OpStatus, Counter>::default();
+        registry.register("requests", "Requests answered, by op and status", requests.clone());
+        let latency: HistogramFamily = Family::new_with_constructor(|| {
+            // 2 µs to about 1 s, doubling.
+            Histogram::new(exponential_buckets(2e-6, 2.0, 20))
+        });
+        registry.register(
+            "request_duration_seconds",
+            "Time from a request's last byte read to its reply encoded, by op",
+            latency.clone(),
+        );
+        let pages = Family::<PageResult, Counter>::default();
+        registry.register(
+            "pages",
+            "Pages by op and result (hit, miss, stored, refused)",
+            pages.clone(),
+        );
+        let connections = Gauge::default();
+        registry.register("connections", "Open client connections", connections.clone());
+        let connections_total = Counter::default();
+        registry.register(
+            "connections_accepted",
+            "Connections accepted",
+            connections_total.clone(),
+        );
+        let rejections = Family::<Kind, Counter>::default();
+        registry.register(
+            "protocol_errors",
+            "Bad input and misbehaving peers, by kind (bad_frame, malformed, auth_failed, ...)",
+            rejections.clone(),
+        );
+        let engine = EngineGauges::default();
+        let gauges: [(&str, &str, &Gauge); 13] = [
+            ("lent_bytes", "The lent budget", &engine.lent),
+            ("mapped_bytes", "Bytes mapped for page frames", &engine.mapped),
+            ("used_bytes", "Bytes of frames holding pages", &engine.used),
+            ("stored_pages", "Logical pages stored", &engine.pages),
+            ("dedup_saved_bytes", "Bytes saved by dedup and fill detection", &engine.dedup_saved),
+            ("compression_saved_bytes", "Bytes saved by compression", &engine.compression_saved),
+            (
+                "live_pool_evictions",
+                "Evictions counted by pools that still exist",
+                &engine.evictions,
+            ),
+            (
+                "checksum_failures",
+                "Reads whose checksum failed (returned as misses)",
+                &engine.corruptions,
+            ),
+            ("over_budget_bytes", "Persistent bytes a shrink could not shed", &engine.over_budget),
+            ("metadata_bytes", "Heap bytes of index and tables", &engine.metadata),
+            ("clients", "Clients known (connected or within their lease)", &engine.clients),
+            ("pools", "Pools held by clients", &engine.pools),
+            (
+                "host_available_bytes",
+                "The host's available memory at the last governor sample",
+                &engine.host_available,
+            ),
+        ];
+        for (name, help, gauge) in gauges {
+            registry.register(name, help, gauge.clone());
+        }
+        registry.register(
+            "host_memory_pressure_some_avg10",
+            "PSI memory 'some' avg10 at the last governor sample (percent)",
+            engine.psi_some_avg10.clone(),
+        );
+        registry.register(
+            "budget_shrinks",
+            "Times the governor shrank the budget",
+            engine.budget_shrinks.clone(),
+        );
+        registry.register(
+            "budget_grows",
+            "Times the governor grew the budget",
+            engine.budget_grows.clone(),
+        );
+        let per_op = Op::ALL
+            .into_iter()
+            .map(|op| {
+                let ok = requests.get_or_create(&OpStatus { op: op.name(), status: "ok" }).clone();
+                let latency = latency.get_or_create(&OpLabel { op: op.name() }).clone();
+                (op, OpMetrics { ok, latency })
+            })
+            .collect();
+        let page_ops = ["get", "take", "put"];
+        let results = ["hit", "miss", "stored", "refused"];
+        let page_handles = page_ops.map(|op| {
+            results.map(|result| pages.get_or_create(&PageResult { op, result }).clone())
+        });
+        Self {
+            registry,
+            per_op,
+            requests,
+            page_handles,
+            connections,
+            connections_total,
+            rejections,
+            engine,
+        }
+    }
+
+    /// The handles of `op`.
+    pub fn op(&self, op: Op) -> &OpMetrics {
+        &self.per_op.iter().find(|(o, _)| *o == op).expect("every op is registered").1
+    }
+
+    /// Counts a request answered with `status`, which took `seconds`.
+    pub fn request(&self, op: Op, status: Status, seconds: f64) {
+        let handles = self.op(op);
+        handles.latency.observe(seconds);
+        if status == Status::Ok {
+            handles.ok.inc();
+        } else {
+            self.requests.get_or_create(&OpStatus { op: op.name(), status: status.name() }).inc();
+        }
+    }
+
+    /// Counts `n` pages of a page op with result `event`.
+    pub fn pages(&self, op: Op, event: PageEvent, n: u64) {
+        let row = match op {
+            Op::Get => 0,
+            Op::Take => 1,
+            Op::Put => 2,
+            _ => return,
+        };
+        self.page_handles[row][event as usize].inc_by(n);
+    }
+
+    /// Counts one instance of bad input or a misbehaving peer.
+    pub fn reject(&self, kind: &'static str) {
+        self.rejections.get_or_create(&Kind { kind }).inc();
+    }
+
+    /// How many rejections of `kind` were counted (for tests and `fallow stat`).
+    pub fn rejections(&self, kind: &'static str) -> u64 {
+        self.rejections.get_or_create(&Kind { kind }).get()
+    }
+
+    /// Pages counted with `event` for `op` so far.
+    pub fn page_count(&self, op: Op, event: PageEvent) -> u64 {
+        let row = match op {
+            Op::Get => 0,
+            Op::Take => 1,
+            Op::Put => 2,
+            _ => return 0,
+        };
+        self.page_handles[row][event as usize].get()
+    }
+
+    /// Refreshes the engine gauges and encodes everything in the Prometheus text format.
+    pub fn render(&self, node: &Node) -> String {
+        let stats = node.engine().stats();
+        let e = &self.engine;
+        let set = |g: &Gauge, v: u64| {
+            g.set(i64::try_from(v).unwrap_or(i64::MAX));
+        };
+
+        set(&e.lent, stats.budget_bytes as u64);
+        set(&e.mapped, stats.mapped_bytes as u64);
+        set(&e.used, (stats.frames_used * fallow_core::PAGE_SIZE) as u64);
+        set(&e.pages, stats.pages);
+        set(&e.dedup_saved, stats.dedup_saved_bytes);
+        set(&e.compression_saved, stats.compression_saved_bytes);
+        set(&e.evictions, stats.pools.iter().map(|p| p.evictions).sum());
+        set(&e.corruptions, stats.corruptions);
+        set(&e.over_budget, (stats.over_budget_frames * fallow_core::PAGE_SIZE) as u64);
+        set(&e.metadata, stats.metadata_bytes as u64);
+        set(&e.clients, node.clients().len() as u64);
+        set(&e.pools, node.clients().pool_count() as u64);
+        if let Some(lending) = node.lending_status() {
+            set(&e.host_available, lending.host_available_bytes);
+            e.psi_some_avg10.set(lending.psi_some_avg10);
+            set(&e.budget_shrinks, lending.shrinks);
+            set(&e.budget_grows, lending.grows);
+        }
+        let mut text = String::new();
+        // Writing into a String cannot fail.
+        encode(&mut text, &self.registry).expect("encoding into a String");
+        text
+    }
+}
+
+/// Serves `/metrics` on `addr` until `shutdown` is cancelled. Returns the bound address
+/// (port 0 picks a free one).
+pub async fn serve(
+    node: Arc<Node>,
+    addr: SocketAddr,
+    shutdown: CancellationToken,
+) -> std::io::Result<SocketAddr> {
+    use axum::routing::get;
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    let app = axum::Router::new().route(
+        "/metrics",
+        get(move || {
+            let node = node.clone();
+            async move {
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )],
+                    node.metrics().render(&node),
+                )
+            }
+        }),
+    );
+    tokio::spawn(async move {
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await;
+        if let Err(err) = served {
+            tracing::error!(%err, "metrics endpoint failed");
+        }
+    });
+    tracing::info!(%bound, "serving metrics at http://{bound}/metrics");
+    Ok(bound)
+}

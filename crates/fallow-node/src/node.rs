@@ -1,0 +1,75 @@
+//! The state one node shares between all its connections: the engine, the clients and
+//! their pools, the secret, the metrics and the lending governor.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use fallow_pool::Engine;
+
+use crate::clients::Clients;
+use crate::config::NodeConfig;
+use crate::lending::{GovernorHandle, GovernorStatus};
+use crate::metrics::Metrics;
+
+/// One node's shared state.
+#[derive(Debug)]
+pub struct Node {
+    engine: Arc<Engine>,
+    config: NodeConfig,
+    node_id: u128,
+    clients: Clients,
+    metrics: Metrics,
+    lending: Option<GovernorHandle>,
+    started: Instant,
+}
+
+impl Node {
+    /// A node serving `engine` with `config`. `lending` is the governor that sized the
+    /// budget (fixed or following the host); the node keeps it running while it lives.
+    pub fn new(engine: Arc<Engine>, config: NodeConfig, lending: Option<GovernorHandle>) -> Self {
+        Self {
+            engine,
+            config,
+            node_id: rand::random(),
+            clients: Clients::default(),
+            metrics: Metrics::new(),
+            lending,
+            started: Instant::now(),
+        }
+    }
+
+    /// The page pool.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &NodeConfig {
+        &self.config
+    }
+
+    /// This node's random id, chosen at start.
+    pub fn node_id(&self) -> u128 {
+        self.node_id
+    }
+
+    /// The clients and their pools.
+    pub fn clients(&self) -> &Clients {
+        &self.clients
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The lending governor's state, if the node has one.
+    pub fn lending_status(&self) -> Option<GovernorStatus> {
+        self.lending.as_ref().map(|l| l.status())
+    }
+
+    /// Seconds since the node started.
+    pub fn uptime_secs(&self) -> u64 {
+        self.started.elapsed().as_secs()
+    }
+}

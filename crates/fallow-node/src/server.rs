@@ -1,0 +1,225 @@
+//! Binding the listeners, accepting connections, expiring idle clients, and stopping
+//! cleanly.
+
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, UnixListener};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::connection;
+use crate::listen::ListenAddr;
+use crate::metrics;
+use crate::node::Node;
+
+/// How long a stopping node waits for its connections to finish their replies.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A running node: its listeners, connections and background tasks.
+#[derive(Debug)]
+pub struct Server {
+    node: Arc<Node>,
+    bound: Vec<ListenAddr>,
+    metrics: Option<SocketAddr>,
+    unix_paths: Vec<PathBuf>,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl Server {
+    /// Binds every listener of the node's config (and the metrics endpoint), then serves in
+    /// the background on the current tokio runtime. Fails if any address cannot be bound.
+    pub async fn start(node: Arc<Node>) -> io::Result<Server> {
+        let shutdown = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        let mut bound = Vec::new();
+        let mut unix_paths = Vec::new();
+        for addr in node.config().listen.clone() {
+            match addr {
+                ListenAddr::Tcp(addr) => {
+                    let listener = TcpListener::bind(addr).await.map_err(|e| {
+                        io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}"))
+                    })?;
+                    let local = listener.local_addr()?;
+                    tracing::info!(addr = %local, "listening on TCP");
+                    bound.push(ListenAddr::Tcp(local));
+                    tasks.spawn(accept_tcp(
+                        node.clone(),
+                        listener,
+                        shutdown.clone(),
+                        tasks.clone(),
+                    ));
+                }
+                ListenAddr::Unix(path) => {
+                    let listener = bind_unix(&path)?;
+                    tracing::info!(path = %path.display(), "listening on a Unix socket");
+                    bound.push(ListenAddr::Unix(path.clone()));
+                    unix_paths.push(path);
+                    tasks.spawn(accept_unix(
+                        node.clone(),
+                        listener,
+                        shutdown.clone(),
+                        tasks.clone(),
+                    ));
+                }
+            }
+        }
+        let metrics = match node.config().metrics {
+            Some(addr) => {
+                Some(metrics::serve(node.clone(), addr, shutdown.clone()).await.map_err(|e| {
+                    io::Error::new(e.kind(), format!("cannot serve metrics on {addr}: {e}"))
+                })?)
+            }
+            None => None,
+        };
+        tasks.spawn(expire_clients(node.clone(), shutdown.clone()));
+        Ok(Server { node, bound, metrics, unix_paths, shutdown, tasks })
+    }
+
+    /// The addresses actually bound (with the ports the OS chose for port 0).
+    pub fn local_addrs(&self) -> &[ListenAddr] {
+        &self.bound
+    }
+
+    /// The first TCP address bound, if any.
+    pub fn tcp_addr(&self) -> Option<SocketAddr> {
+        self.bound.iter().find_map(|a| match a {
+            ListenAddr::Tcp(addr) => Some(*addr),
+            ListenAddr::Unix(_) => None,
+        })
+    }
+
+    /// The metrics endpoint, if one is served.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics
+    }
+
+    /// The node's shared state.
+    pub fn node(&self) -> &Arc<Node> {
+        &self.node
+    }
+
+    /// Stops accepting, closes every connection (each writes the replies it has ready),
+    /// waits for them up to a few seconds, and removes the Unix socket files.
+    pub async fn shutdown(self) {
+        self.shutdown.cancel();
+        self.tasks.close();
+        if tokio::time::timeout(DRAIN_TIMEOUT, self.tasks.wait()).await.is_err() {
+            tracing::warn!("connections still open after {DRAIN_TIMEOUT:?}; leaving them");
+        }
+        for path in &self.unix_paths {
+            let _ = std::fs::remove_file(path);
+        }
+        tracing::info!("node stopped");
+    }
+}
+
+/// Binds a Unix socket, replacing a stale socket file that nobody listens on (left by a
+/// node that crashed) but never a live one or a file that is not a socket.
+fn bind_unix(path: &Path) -> io::Result<UnixListener> {
+    use std::os::unix::fs::FileTypeExt;
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{} exists and is not a socket", path.display()),
+            ));
+        }
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("another process is listening on {}", path.display()),
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    UnixListener::bind(path)
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {}: {e}", path.display())))
+}
+
+/// True (and logged, counted) when the node already serves its maximum of connections.
+fn over_limit(node: &Node, peer: &str) -> bool {
+    let open = node.metrics().connections.get();
+    if open >= node.config().max_connections as i64 {
+        tracing::warn!(%peer, open, "connection refused: too many connections");
+        node.metrics().reject("too_many_connections");
+        return true;
+    }
+    false
+}
+
+async fn accept_tcp(
+    node: Arc<Node>,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+) {
+    loop {
+        let accepted = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                let peer = peer.to_string();
+                if over_limit(&node, &peer) {
+                    continue;
+                }
+                // Replies are small and latency matters more than packet count.
+                let _ = stream.set_nodelay(true);
+                tasks.spawn(connection::serve(node.clone(), stream, peer, shutdown.clone()));
+            }
+            Err(err) => accept_failed(err).await,
+        }
+    }
+}
+
+async fn accept_unix(
+    node: Arc<Node>,
+    listener: UnixListener,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+) {
+    loop {
+        let accepted = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                let peer = "unix".to_string();
+                if over_limit(&node, &peer) {
+                    continue;
+                }
+                tasks.spawn(connection::serve(node.clone(), stream, peer, shutdown.clone()));
+            }
+            Err(err) => accept_failed(err).await,
+        }
+    }
+}
+
+/// Accept errors are usually transient (out of file descriptors, a peer that reset
+/// before accept): log, back off briefly, go on.
+async fn accept_failed(err: io::Error) {
+    tracing::warn!(%err, "accept failed");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+/// Destroys the pools of clients whose lease ran out, a few times per lease.
+async fn expire_clients(node: Arc<Node>, shutdown: CancellationToken) {
+    let lease = node.config().client_lease;
+    let every = (lease / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        let node = node.clone();
+        let _ =
+            tokio::task::spawn_blocking(move || node.clients().expire(node.engine(), lease)).await;
+    }
+}

@@ -1,0 +1,339 @@
+//! Requests: what a client asks, as typed values, with their body layouts.
+//!
+//! Bodies are little-endian and fixed-width; batches put every key before every page, so a
+//! node can check a whole batch before it touches the pool. `docs/protocol.md` lists each
+//! layout with byte offsets.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use fallow_core::{DedupScope, ObjectId, PageIndex, PoolId, PoolKind, PoolSpec, Sharing};
+use fallow_core::{TrustDomain, PAGE_SIZE};
+
+use super::frame::{Frame, FrameWriter};
+use super::wire::{BodyError, Reader};
+use super::{Op, MAGIC, MAX_BATCH, MAX_NAME_LEN};
+
+/// The bytes of one key inside a batch: object and index.
+const KEY_LEN: usize = 16;
+
+/// CREATE_POOL flag: compress cold pages.
+const FLAG_COMPRESS: u8 = 1;
+/// CREATE_POOL flag: the quota field holds a quota.
+const FLAG_QUOTA: u8 = 2;
+
+/// The first request on a connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hello {
+    /// The lowest protocol version the client speaks.
+    pub version_min: u16,
+    /// The highest protocol version the client speaks.
+    pub version_max: u16,
+    /// The client's identity: its private pools belong to this id, so every connection of
+    /// one client (and a reconnect) reaches the same private pools.
+    pub client_id: u128,
+    /// A name for the node's logs (host name, program), at most 64 bytes of UTF-8.
+    pub name: String,
+}
+
+/// A page inside the pool a batch names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PageRef {
+    /// The object.
+    pub object: ObjectId,
+    /// The page number inside the object.
+    pub index: PageIndex,
+}
+
+/// A request, parsed from or encoded into a frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// Opens the connection.
+    Hello(Hello),
+    /// Answers the node's challenge.
+    Auth {
+        /// Fresh random bytes from the client, so the node's proof is fresh too.
+        client_nonce: [u8; 32],
+        /// `auth::client_proof` over the challenge.
+        proof: [u8; 32],
+    },
+    /// Does nothing.
+    Ping,
+    /// Creates a pool, or attaches to the shared pool with the spec's UUID.
+    CreatePool(PoolSpec),
+    /// Detaches from a pool.
+    DestroyPool(PoolId),
+    /// Removes every page of a pool.
+    InvalidatePool(PoolId),
+    /// Removes every page of one object.
+    InvalidateObject {
+        /// The pool.
+        pool: PoolId,
+        /// The object.
+        object: ObjectId,
+    },
+    /// Removes a batch of pages.
+    InvalidatePages {
+        /// The pool.
+        pool: PoolId,
+        /// The pages (1 to [`MAX_BATCH`]).
+        pages: Vec<PageRef>,
+    },
+    /// Stores a batch of pages.
+    Put {
+        /// The pool.
+        pool: PoolId,
+        /// The keys (1 to [`MAX_BATCH`]).
+        pages: Vec<PageRef>,
+        /// `pages.len()` × 4096 bytes, the i-th page for the i-th key.
+        data: Bytes,
+    },
+    /// Reads a batch of pages; they stay.
+    Get {
+        /// The pool.
+        pool: PoolId,
+        /// The keys (1 to [`MAX_BATCH`]).
+        pages: Vec<PageRef>,
+    },
+    /// Reads a batch of pages and removes those found.
+    Take {
+        /// The pool.
+        pool: PoolId,
+        /// The keys (1 to [`MAX_BATCH`]).
+        pages: Vec<PageRef>,
+    },
+    /// Node and pool counters.
+    Stats,
+}
+
+impl Request {
+    /// The op this request travels under.
+    pub fn op(&self) -> Op {
+        match self {
+            Request::Hello(_) => Op::Hello,
+            Request::Auth { .. } => Op::Auth,
+            Request::Ping => Op::Ping,
+            Request::CreatePool(_) => Op::CreatePool,
+            Request::DestroyPool(_) => Op::DestroyPool,
+            Request::InvalidatePool(_) => Op::InvalidatePool,
+            Request::InvalidateObject { .. } => Op::InvalidateObject,
+            Request::InvalidatePages { .. } => Op::InvalidatePages,
+            Request::Put { .. } => Op::Put,
+            Request::Get { .. } => Op::Get,
+            Request::Take { .. } => Op::Take,
+            Request::Stats => Op::Stats,
+        }
+    }
+
+    /// Appends this request as one frame with request id `id`.
+    ///
+    /// # Panics
+    /// If a batch is empty or over [`MAX_BATCH`], a PUT's data is not one page per key, or
+    /// a HELLO name is over 64 bytes: the client library checks these before encoding.
+    pub fn encode(&self, id: u64, buf: &mut BytesMut) {
+        let frame = FrameWriter::begin(buf, self.op() as u8, 0, id);
+        match self {
+            Request::Hello(hello) => {
+                assert!(hello.name.len() <= MAX_NAME_LEN, "client name too long");
+                buf.put_slice(&MAGIC);
+                buf.put_u16_le(hello.version_min);
+                buf.put_u16_le(hello.version_max);
+                buf.put_u128_le(hello.client_id);
+                buf.put_u8(hello.name.len() as u8);
+                buf.put_slice(hello.name.as_bytes());
+            }
+            Request::Auth { client_nonce, proof } => {
+                buf.put_slice(client_nonce);
+                buf.put_slice(proof);
+            }
+            Request::Ping | Request::Stats => {}
+            Request::CreatePool(spec) => encode_spec(spec, buf),
+            Request::DestroyPool(pool) | Request::InvalidatePool(pool) => buf.put_u32_le(pool.0),
+            Request::InvalidateObject { pool, object } => {
+                buf.put_u32_le(pool.0);
+                buf.put_u32_le(0);
+                buf.put_u64_le(*object);
+            }
+            Request::InvalidatePages { pool, pages }
+            | Request::Get { pool, pages }
+            | Request::Take { pool, pages } => encode_keys(*pool, pages, buf),
+            Request::Put { pool, pages, data } => {
+                assert_eq!(data.len(), pages.len() * PAGE_SIZE, "one page per key");
+                encode_keys(*pool, pages, buf);
+                buf.put_slice(data);
+            }
+        }
+        frame.finish(buf);
+    }
+
+    /// Parses a request frame. The frame's status byte is ignored (it is 0 in requests).
+    pub fn parse(frame: Frame) -> Result<Request, BodyError> {
+        let op = Op::from_code(frame.op).ok_or(BodyError::UnknownOp(frame.op))?;
+        let mut r = Reader::new(frame.body);
+        let request = match op {
+            Op::Hello => {
+                if r.array::<8>("magic")? != MAGIC {
+                    return Err(BodyError::Invalid("magic: not a fallow HELLO"));
+                }
+                let version_min = r.u16("version_min")?;
+                let version_max = r.u16("version_max")?;
+                if version_min > version_max {
+                    return Err(BodyError::Invalid("version range: min above max"));
+                }
+                let client_id = r.u128("client_id")?;
+                let len = r.u8("name length")? as usize;
+                if len > MAX_NAME_LEN {
+                    return Err(BodyError::Invalid("name length: over 64 bytes"));
+                }
+                let name = String::from_utf8(r.bytes(len, "name")?.to_vec())
+                    .map_err(|_| BodyError::Invalid("name: not UTF-8"))?;
+                Request::Hello(Hello { version_min, version_max, client_id, name })
+            }
+            Op::Auth => {
+                Request::Auth { client_nonce: r.array("client_nonce")?, proof: r.array("proof")? }
+            }
+            Op::Ping => Request::Ping,
+            Op::Stats => Request::Stats,
+            Op::CreatePool => Request::CreatePool(parse_spec(&mut r)?),
+            Op::DestroyPool => Request::DestroyPool(PoolId(r.u32("pool")?)),
+            Op::InvalidatePool => Request::InvalidatePool(PoolId(r.u32("pool")?)),
+            Op::InvalidateObject => {
+                let pool = PoolId(r.u32("pool")?);
+                if r.u32("reserved")? != 0 {
+                    return Err(BodyError::Invalid("reserved field: not zero"));
+                }
+                Request::InvalidateObject { pool, object: r.u64("object")? }
+            }
+            Op::InvalidatePages => {
+                let (pool, pages) = parse_keys(&mut r)?;
+                Request::InvalidatePages { pool, pages }
+            }
+            Op::Get => {
+                let (pool, pages) = parse_keys(&mut r)?;
+                Request::Get { pool, pages }
+            }
+            Op::Take => {
+                let (pool, pages) = parse_keys(&mut r)?;
+                Request::Take { pool, pages }
+            }
+            Op::Put => {
+                let (pool, pages) = parse_keys(&mut r)?;
+                let data = r.bytes(pages.len() * PAGE_SIZE, "page data")?;
+                Request::Put { pool, pages, data }
+            }
+        };
+        r.finish()?;
+        Ok(request)
+    }
+}
+
+fn encode_keys(pool: PoolId, pages: &[PageRef], buf: &mut BytesMut) {
+    assert!((1..=MAX_BATCH).contains(&pages.len()), "batch of {} pages", pages.len());
+    buf.reserve(8 + pages.len() * KEY_LEN);
+    buf.put_u32_le(pool.0);
+    buf.put_u32_le(pages.len() as u32);
+    for page in pages {
+        buf.put_u64_le(page.object);
+        buf.put_u64_le(page.index);
+    }
+}
+
+fn parse_keys(r: &mut Reader) -> Result<(PoolId, Vec<PageRef>), BodyError> {
+    let pool = PoolId(r.u32("pool")?);
+    let count = r.u32("count")? as usize;
+    if count == 0 {
+        return Err(BodyError::Invalid("count: an empty batch"));
+    }
+    if count > MAX_BATCH {
+        return Err(BodyError::TooLarge { count: count as u64, max: MAX_BATCH });
+    }
+    if r.remaining() < count * KEY_LEN {
+        return Err(BodyError::Truncated("keys"));
+    }
+    let mut pages = Vec::with_capacity(count);
+    for _ in 0..count {
+        pages.push(PageRef { object: r.u64("object")?, index: r.u64("index")? });
+    }
+    Ok((pool, pages))
+}
+
+fn encode_spec(spec: &PoolSpec, buf: &mut BytesMut) {
+    buf.put_u8(match spec.kind {
+        PoolKind::Ephemeral => 0,
+        PoolKind::Persistent => 1,
+    });
+    let uuid = match spec.sharing {
+        Sharing::Private => {
+            buf.put_u8(0);
+            0
+        }
+        Sharing::Shared { uuid } => {
+            buf.put_u8(1);
+            uuid
+        }
+    };
+    let domain = match spec.dedup {
+        DedupScope::Off => {
+            buf.put_u8(0);
+            0
+        }
+        DedupScope::Domain(TrustDomain(domain)) => {
+            buf.put_u8(1);
+            domain
+        }
+    };
+    let mut flags = 0;
+    if spec.compress {
+        flags |= FLAG_COMPRESS;
+    }
+    if spec.quota_pages.is_some() {
+        flags |= FLAG_QUOTA;
+    }
+    buf.put_u8(flags);
+    buf.put_u32_le(0);
+    buf.put_u64_le(spec.quota_pages.unwrap_or(0));
+    buf.put_u64_le(domain);
+    buf.put_u128_le(uuid);
+}
+
+fn parse_spec(r: &mut Reader) -> Result<PoolSpec, BodyError> {
+    let kind = match r.u8("kind")? {
+        0 => PoolKind::Ephemeral,
+        1 => PoolKind::Persistent,
+        _ => return Err(BodyError::Invalid("kind: not 0 or 1")),
+    };
+    let shared = match r.u8("sharing")? {
+        0 => false,
+        1 => true,
+        _ => return Err(BodyError::Invalid("sharing: not 0 or 1")),
+    };
+    let dedup_on = match r.u8("dedup")? {
+        0 => false,
+        1 => true,
+        _ => return Err(BodyError::Invalid("dedup: not 0 or 1")),
+    };
+    let flags = r.u8("flags")?;
+    if flags & !(FLAG_COMPRESS | FLAG_QUOTA) != 0 {
+        return Err(BodyError::Invalid("flags: unknown bits set"));
+    }
+    if r.u32("reserved")? != 0 {
+        return Err(BodyError::Invalid("reserved field: not zero"));
+    }
+    let quota = r.u64("quota_pages")?;
+    let domain = r.u64("trust_domain")?;
+    let uuid = r.u128("uuid")?;
+    if !dedup_on && domain != 0 {
+        return Err(BodyError::Invalid("trust_domain: set while dedup is off"));
+    }
+    if !shared && uuid != 0 {
+        return Err(BodyError::Invalid("uuid: set on a private pool"));
+    }
+    if flags & FLAG_QUOTA == 0 && quota != 0 {
+        return Err(BodyError::Invalid("quota_pages: set without the quota flag"));
+    }
+    Ok(PoolSpec {
+        kind,
+        sharing: if shared { Sharing::Shared { uuid } } else { Sharing::Private },
+        dedup: if dedup_on { DedupScope::Domain(TrustDomain(domain)) } else { DedupScope::Off },
+        compress: flags & FLAG_COMPRESS != 0,
+        quota_pages: (flags & FLAG_QUOTA != 0).then_some(quota),
+    })
+}

@@ -1,0 +1,8 @@
+//! fallow's wire formats as sans-io codecs: they read and fill byte buffers and never touch
+//! a socket or a runtime, so the node, the client library, the benchmarks and the fuzz
+//! tests share one implementation.
+//!
+//! # Components
+//! [`fallow`]: the node protocol (`docs/protocol.md` is its normative specification).
+
+pub mod fallow;

@@ -1,0 +1,168 @@
+//! `fallow bench pages`: one 4 KiB page load against a fallow node or a memcached server
+//! (the load generator is `fallow_bench::pages`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+
+use fallow_bench::pages::{self, KeyDist, PagesOptions, Phase, Target, Tick, ValueMode, Workload};
+
+/// Bench subcommands.
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Drive a fallow node or a memcached server with 4 KiB pages; print pages/s, hits and
+    /// per-request latency (p50, p99, p99.9).
+    ///
+    /// N connections each keep up to QUEUE_DEPTH requests in flight; each request carries
+    /// BATCH pages (fallow: get_many/put_many; memcached: a multi-get or pipelined sets).
+    /// Progress goes to stderr once a second, the report to stdout. The load generator
+    /// shares the host's CPUs with a local server.
+    Pages(PagesArgs),
+}
+
+/// Options of `fallow bench pages`.
+#[derive(Debug, Args)]
+pub struct PagesArgs {
+    /// The server: fallow://HOST:PORT, fallow://unix:/PATH or memcached://HOST:PORT.
+    #[arg(long)]
+    target: Target,
+    /// The file holding the cluster secret (fallow targets).
+    #[arg(long)]
+    secret_file: Option<PathBuf>,
+    /// get, put, or mix:R with R the read fraction (mix:0.9).
+    #[arg(long, default_value = "get")]
+    workload: Workload,
+    /// Size of the key space (keys 0..N).
+    #[arg(long, default_value_t = 65_536)]
+    keys: u64,
+    /// Key distribution: uniform or zipf:THETA (zipf:0.99).
+    #[arg(long, default_value = "uniform")]
+    dist: KeyDist,
+    /// Page contents: random (every put unique) or dup:N (N distinct pages, 16 by default,
+    /// so that dedup engages).
+    #[arg(long, default_value = "random")]
+    value: ValueMode,
+    /// Connections to the server.
+    #[arg(long, short = 'c', default_value_t = 1)]
+    connections: usize,
+    /// Requests in flight per connection.
+    #[arg(long, short = 'q', default_value_t = 1)]
+    queue_depth: usize,
+    /// Pages per request.
+    #[arg(long, short = 'b', default_value_t = 1)]
+    batch: usize,
+    /// Threads of the load generator (1: a single-threaded runtime).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// How long to measure: 500ms, 3s, 1m, or seconds.
+    #[arg(long, short = 'd', default_value = "5s", value_parser = parse_duration)]
+    duration: Duration,
+    /// First put every key once (not measured), so that gets hit.
+    #[arg(long)]
+    warmup: bool,
+    /// Fallow only: create the benchmark pool with dedup on or off.
+    #[arg(long, default_value = "on", value_name = "on|off", value_parser = parse_on_off, action = clap::ArgAction::Set)]
+    dedup: bool,
+    /// Seed of the keys, the mix and the page contents.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    /// No progress lines on stderr.
+    #[arg(long)]
+    quiet: bool,
+}
+
+/// Runs a bench subcommand.
+pub fn run(command: BenchCommand) -> anyhow::Result<()> {
+    match command {
+        BenchCommand::Pages(args) => bench_pages(args),
+    }
+}
+
+fn bench_pages(args: PagesArgs) -> anyhow::Result<()> {
+    let mut opts = PagesOptions::new(args.target);
+    if let Some(path) = &args.secret_file {
+        // Read exactly as the node reads it, so that the same file always matches.
+        opts.secret = fallow_node::config::read_secret(path).map_err(anyhow::Error::msg)?;
+    }
+    opts.workload = args.workload;
+    opts.keys = args.keys;
+    opts.dist = args.dist;
+    opts.value = args.value;
+    opts.connections = args.connections;
+    opts.queue_depth = args.queue_depth;
+    opts.batch = args.batch;
+    opts.threads = args.threads;
+    opts.duration = args.duration;
+    opts.warmup = args.warmup;
+    opts.dedup = args.dedup;
+    opts.seed = args.seed;
+    let quiet = args.quiet;
+    let report = pages::run(&opts, |tick| {
+        if !quiet {
+            eprintln!("{}", progress_line(tick));
+        }
+    })?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!("{report}");
+    }
+    Ok(())
+}
+
+fn progress_line(tick: &Tick) -> String {
+    let phase = match tick.phase {
+        Phase::Warmup => "warm-up",
+        Phase::Measure => "measure",
+    };
+    format!(
+        "{phase} {:>5.1} s: {:>9.0} pages/s, {} pages",
+        tick.elapsed.as_secs_f64(),
+        tick.pages_per_s,
+        tick.pages
+    )
+}
+
+/// `500ms`, `3s`, `2m`, or a number of seconds (`1.5`).
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (number, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let scale = match unit {
+        "ms" => 1e-3,
+        "s" => 1.0,
+        "m" | "min" => 60.0,
+        _ => return Err(format!("unknown unit {unit:?} in {s:?}: use ms, s or m")),
+    };
+    let value: f64 = number.trim().parse().map_err(|_| format!("{s:?} is not a duration"))?;
+    Duration::try_from_secs_f64(value * scale).map_err(|_| format!("{s:?} is out of range"))
+}
+
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("expected on or off, not {s:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("3s"), Ok(Duration::from_secs(3)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        for bad in ["", "s", "3h", "-1s", "x"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} parsed");
+        }
+    }
+}

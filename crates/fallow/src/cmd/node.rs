@@ -1,0 +1,177 @@
+//! `fallow node`: lend this host's idle memory to clients over the pool protocol.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use fallow_node::lending::{parse_size, Governor, LendMode};
+use fallow_node::{ConfigFile, ListenAddr, Node, NodeConfig, Server};
+use fallow_pool::{Engine, EngineBuilder};
+
+/// The default address: loopback only, so a node is never exposed by accident.
+const DEFAULT_LISTEN: &str = "127.0.0.1:7400";
+
+/// Lend this host's idle memory to fallow clients.
+///
+/// Serves the pool protocol (docs/protocol.md) on TCP and/or Unix sockets. Every client
+/// must prove it knows the shared secret. With `--lend auto` (the default) the node lends
+/// only what the host does not need: it follows MemAvailable, memory pressure (PSI) and
+/// cgroup v2 limits, keeps `--reserve` free for the host, gives memory back within 100 ms
+/// of pressure and grows back in the background (docs/governor.md).
+///
+/// Settings can also come from a TOML file (`--config`; sample in deploy/); a flag wins
+/// over the file. Logs go to stderr (level from FALLOW_LOG, default info). SIGTERM or
+/// SIGINT stops the node cleanly.
+#[derive(Debug, Args)]
+pub struct NodeArgs {
+    /// A TOML config file (see deploy/fallow-node.toml).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Where to listen: HOST:PORT or unix:PATH. Repeat for several [default: 127.0.0.1:7400].
+    #[arg(long, value_name = "ADDR")]
+    listen: Vec<ListenAddr>,
+    /// How much memory to lend: a size (512M, 8GiB) or `auto` [default: auto].
+    #[arg(long, value_name = "SIZE|auto")]
+    lend: Option<String>,
+    /// With `--lend auto`: memory always left free for the host [default: the larger of
+    /// 1 GiB and 5 % of the host's memory].
+    #[arg(long, value_name = "SIZE")]
+    reserve: Option<String>,
+    /// File holding the shared cluster secret (at least 16 bytes). Required.
+    #[arg(long, value_name = "FILE")]
+    secret_file: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<SocketAddr>,
+    /// Eviction policy for ephemeral pages: adaptive, lru, s3fifo, wtinylfu, lirs [default: adaptive].
+    #[arg(long, value_name = "NAME")]
+    policy: Option<String>,
+    /// Seconds a client's pools outlive its last connection [default: 300].
+    #[arg(long, value_name = "SECS")]
+    client_lease: Option<u64>,
+    /// The most client connections at once [default: 1024].
+    #[arg(long, value_name = "N")]
+    max_connections: Option<usize>,
+    /// Seconds a reply may wait for a client that stopped reading [default: 30].
+    #[arg(long, value_name = "SECS")]
+    write_timeout: Option<u64>,
+}
+
+/// The node's settings after merging defaults, the file and the flags.
+struct Settings {
+    config: NodeConfig,
+    lend: LendMode,
+    policy: String,
+}
+
+fn settings(args: NodeArgs) -> anyhow::Result<Settings> {
+    let file = match &args.config {
+        Some(path) => ConfigFile::load(path).map_err(anyhow::Error::msg)?,
+        None => ConfigFile::default(),
+    };
+    let listen = if !args.listen.is_empty() {
+        args.listen
+    } else if let Some(list) = &file.listen {
+        list.iter()
+            .map(|s| s.parse::<ListenAddr>().map_err(anyhow::Error::msg))
+            .collect::<Result<_, _>>()
+            .context("config file: listen")?
+    } else {
+        vec![DEFAULT_LISTEN.parse().expect("the default address parses")]
+    };
+    if listen.is_empty() {
+        bail!("nothing to listen on: give --listen HOST:PORT or unix:PATH");
+    }
+    let Some(secret_file) = args.secret_file.or(file.secret_file) else {
+        bail!(
+            "a secret is required: --secret-file FILE (create one with \
+             `head -c 32 /dev/urandom | base64 > FILE`)"
+        );
+    };
+    let secret = fallow_node::config::read_secret(&secret_file).map_err(anyhow::Error::msg)?;
+    let lend_text = args.lend.or(file.lend).unwrap_or_else(|| "auto".to_string());
+    let mut lend: LendMode = lend_text.parse().with_context(|| format!("--lend {lend_text}"))?;
+    if let Some(reserve) = args.reserve.or(file.reserve) {
+        let LendMode::Auto(auto) = &mut lend else {
+            bail!("--reserve applies only to --lend auto (the node lends a fixed {lend})");
+        };
+        auto.reserve_bytes =
+            parse_size(&reserve).with_context(|| format!("--reserve {reserve}"))?;
+    }
+    let metrics = match args.metrics {
+        Some(addr) => Some(addr),
+        None => match &file.metrics {
+            Some(text) => Some(
+                text.parse()
+                    .with_context(|| format!("config file: metrics = {text:?}: not HOST:PORT"))?,
+            ),
+            None => None,
+        },
+    };
+    let mut config = NodeConfig::new(listen, secret);
+    config.metrics = metrics;
+    if let Some(secs) = args.client_lease.or(file.client_lease_secs) {
+        config.client_lease = Duration::from_secs(secs);
+    }
+    if let Some(n) = args.max_connections.or(file.max_connections) {
+        config.max_connections = n;
+    }
+    if let Some(secs) = args.write_timeout.or(file.write_timeout_secs) {
+        if secs == 0 {
+            bail!("--write-timeout must be at least 1 second");
+        }
+        config.write_timeout = Duration::from_secs(secs);
+    }
+    let policy = args
+        .policy
+        .or(file.policy)
+        .unwrap_or_else(|| fallow_pool::eviction::DEFAULT_POLICY.to_string());
+    Ok(Settings { config, lend, policy })
+}
+
+/// Runs a node until SIGTERM or SIGINT.
+pub fn run(args: NodeArgs) -> anyhow::Result<()> {
+    let settings = settings(args)?;
+    // The budget starts at zero; the governor sizes it before the first client connects.
+    let engine_config = EngineBuilder::new(0)
+        .policy(&settings.policy)
+        .build()
+        .with_context(|| format!("engine settings (policy {})", settings.policy))?;
+    let engine = Arc::new(Engine::new(engine_config));
+    let governor = Governor::start(engine.clone(), &settings.lend).context("lending governor")?;
+    let node = Arc::new(Node::new(engine, settings.config, Some(governor)));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .thread_name("fallow-node")
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let server = Server::start(node.clone()).await?;
+        let addrs: Vec<String> = server.local_addrs().iter().map(|a| a.to_string()).collect();
+        tracing::info!(
+            listen = %addrs.join(", "),
+            lend = %settings.lend,
+            budget_bytes = node.engine().stats().budget_bytes,
+            policy = %settings.policy,
+            "fallow node ready"
+        );
+        wait_for_signal().await?;
+        tracing::info!("stopping");
+        server.shutdown().await;
+        Ok(())
+    })
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = int.recv() => tracing::info!("SIGINT received"),
+    }
+    Ok(())
+}

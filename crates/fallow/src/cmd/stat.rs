@@ -1,0 +1,194 @@
+//! `fallow stat`: a node's state, as a table or JSON.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use fallow_client::{Client, ClientConfig, NodeStats};
+
+/// Print a node's state: lent and used memory, pages, dedup and compression savings, hit
+/// ratio, pools, clients and host memory pressure.
+#[derive(Debug, Args)]
+pub struct StatArgs {
+    /// The node: HOST:PORT, fallow://HOST:PORT or unix:PATH.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7400")]
+    node: String,
+    /// File holding the shared cluster secret.
+    #[arg(long, value_name = "FILE")]
+    secret_file: PathBuf,
+    /// Print one JSON object (every counter by name) instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Seconds to wait for the node.
+    #[arg(long, value_name = "SECS", default_value_t = 5)]
+    timeout: u64,
+}
+
+/// Prints the state of one node.
+pub fn run(args: StatArgs) -> anyhow::Result<()> {
+    let secret = fallow_node::config::read_secret(&args.secret_file).map_err(anyhow::Error::msg)?;
+    let timeout = Duration::from_secs(args.timeout.max(1));
+    let config = ClientConfig::new(&args.node, secret)?
+        .name("fallow-stat")
+        .timeout(timeout)
+        .connect_timeout(timeout);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let (stats, node_id) = runtime.block_on(async {
+        let client = Client::connect(config).await?;
+        let stats = client.stats().await?;
+        let node_id = client.node_id().await?;
+        Ok::<_, fallow_client::ClientError>((stats, node_id))
+    })?;
+    if args.json {
+        let mut object = serde_json::Map::new();
+        object.insert("node".into(), args.node.clone().into());
+        object.insert("node_id".into(), format!("{node_id:032x}").into());
+        for entry in &stats.entries {
+            object.insert(entry.name.clone(), entry.value.into());
+        }
+        println!("{}", serde_json::Value::Object(object));
+    } else {
+        print!("{}", table(&args.node, node_id, &stats));
+    }
+    Ok(())
+}
+
+/// The human-readable table.
+fn table(node: &str, node_id: u128, stats: &NodeStats) -> String {
+    let v = |name: &str| stats.get(name).unwrap_or(0);
+    let mut rows: Vec<(&str, String)> = Vec::new();
+    rows.push((
+        "node",
+        format!("{node} (id {:08x}, up {})", (node_id >> 96) as u32, uptime(v("uptime_seconds"))),
+    ));
+    let mode = match stats.get("lend_auto") {
+        Some(1) => format!("auto, target {}", human(v("lend_target_bytes"))),
+        Some(_) => "fixed".to_string(),
+        None => "unknown".to_string(),
+    };
+    rows.push(("lent", format!("{} ({mode})", human(v("lent_bytes")))));
+    rows.push((
+        "used",
+        format!(
+            "{} mapped, {} in page frames, {} metadata",
+            human(v("mapped_bytes")),
+            human(v("used_bytes")),
+            human(v("metadata_bytes"))
+        ),
+    ));
+    if let Some(over) = stats.get("over_budget_bytes").filter(|b| *b > 0) {
+        rows.push((
+            "over budget",
+            format!("{} of persistent pages the budget could not shed", human(over)),
+        ));
+    }
+    rows.push(("pages", format!("{} ({} same-filled)", v("pages"), v("fill_pages"))));
+    rows.push(("dedup saved", human(v("dedup_saved_bytes"))));
+    rows.push((
+        "compression",
+        format!("{} saved on {} pages", human(v("compression_saved_bytes")), v("compressed_pages")),
+    ));
+    let (hits, misses) = (v("hits"), v("misses"));
+    let ratio = if hits + misses == 0 {
+        "-".to_string()
+    } else {
+        format!("{:.3}", hits as f64 / (hits + misses) as f64)
+    };
+    rows.push(("hit ratio", format!("{ratio} ({hits} hits, {misses} misses)")));
+    rows.push((
+        "puts",
+        format!(
+            "{} stored, {} refused, {} evictions",
+            v("puts_stored"),
+            v("puts_refused"),
+            v("evictions")
+        ),
+    ));
+    rows.push(("pools", v("pools").to_string()));
+    rows.push(("clients", format!("{} ({} connections)", v("clients"), v("connections"))));
+    if stats.get("host_available_bytes").is_some() {
+        rows.push((
+            "pressure",
+            format!(
+                "host {} available of {}, reserve {}, PSI some avg10 {:.2} %, {} shrinks, {} grows",
+                human(v("host_available_bytes")),
+                human(v("host_total_bytes")),
+                human(v("host_reserve_bytes")),
+                v("psi_some_avg10_centi") as f64 / 100.0,
+                v("budget_shrinks"),
+                v("budget_grows"),
+            ),
+        ));
+    }
+    if let Some(rss) = stats.get("process_rss_bytes") {
+        rows.push(("node rss", human(rss)));
+    }
+    if v("checksum_failures") > 0 {
+        rows.push(("checksum fail", format!("{} (returned as misses)", v("checksum_failures"))));
+    }
+    let mut out = String::new();
+    for (name, value) in rows {
+        out.push_str(&format!("{name:<14}{value}\n"));
+    }
+    out
+}
+
+/// Bytes in binary units with one decimal.
+fn human(bytes: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < units.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", units[unit])
+    }
+}
+
+fn uptime(secs: u64) -> String {
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fallow_proto::fallow::StatEntry;
+
+    #[test]
+    fn human_sizes() {
+        assert_eq!(human(0), "0 B");
+        assert_eq!(human(1536), "1.5 KiB");
+        assert_eq!(human(8 << 30), "8.0 GiB");
+    }
+
+    #[test]
+    fn table_shows_hit_ratio_and_pressure() {
+        let entry = |name: &str, value| StatEntry { name: name.into(), value };
+        let stats = NodeStats {
+            entries: vec![
+                entry("lent_bytes", 1 << 30),
+                entry("hits", 3),
+                entry("misses", 1),
+                entry("lend_auto", 1),
+                entry("host_available_bytes", 2 << 30),
+                entry("psi_some_avg10_centi", 150),
+            ],
+        };
+        let text = table("127.0.0.1:7400", 1, &stats);
+        assert!(text.contains("hit ratio     0.750 (3 hits, 1 misses)"), "{text}");
+        assert!(text.contains("1.0 GiB (auto"), "{text}");
+        assert!(text.contains("PSI some avg10 1.50 %"), "{text}");
+    }
+}

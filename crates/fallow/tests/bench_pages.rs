@@ -1,0 +1,102 @@
+//! The `fallow bench pages` command, run as a user would: a real memcached on 127.0.0.1
+//! (skipped, with a message, when the binary is missing), a real process, exit codes.
+
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn fallow() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_fallow"))
+}
+
+/// A memcached child process, killed (by its PID) when dropped.
+struct Memcached(Child);
+
+impl Drop for Memcached {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Starts memcached on a free port, or returns `None` (and says so) if it is not installed.
+fn start_memcached() -> Option<(Memcached, u16)> {
+    let port = free_port();
+    let root = std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+    });
+    let mut cmd = Command::new("memcached");
+    cmd.args(["-l", "127.0.0.1", "-U", "0", "-m", "64", "-p", &port.to_string()]);
+    if root {
+        cmd.args(["-u", "root"]);
+    }
+    let child = match cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn() {
+        Ok(child) => Memcached(child),
+        Err(e) => {
+            eprintln!("skipping: cannot start memcached ({e}); apt-get install memcached");
+            return None;
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "memcached did not listen on {port} within 5 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Some((child, port))
+}
+
+#[test]
+fn json_report_against_memcached() {
+    let Some((_mc, port)) = start_memcached() else { return };
+    let out = fallow()
+        .args(["bench", "pages", "--target", &format!("memcached://127.0.0.1:{port}")])
+        .args(["--keys", "500", "--warmup", "-q", "4", "-b", "4", "-d", "1200ms", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["server"], "memcached");
+    assert_eq!(v["warmup_pages"], 500);
+    assert_eq!(v["batch"], 4);
+    assert_eq!(v["misses"], 0);
+    assert_eq!(v["wrong"], 0);
+    assert!(v["hits"].as_u64().unwrap() > 0);
+    assert!(v["pages_per_s"].as_f64().unwrap() > 0.0);
+    for q in ["p50", "p99", "p999"] {
+        assert!(v["latency_us"][q].as_f64().unwrap() > 0.0, "{q}");
+    }
+    // One progress line a second on stderr.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.lines().any(|l| l.starts_with("measure") && l.contains("pages/s")), "{stderr}");
+}
+
+#[test]
+fn bad_arguments_fail_with_a_clear_message() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--target", "redis://127.0.0.1:1"], "unknown scheme"),
+        (&["--target", "memcached://127.0.0.1:1", "--workload", "mix:2"], "read fraction"),
+        (&["--target", "memcached://127.0.0.1:1", "--dist", "zipf:-1"], "theta"),
+        (&["--target", "fallow://127.0.0.1:1"], "--secret-file"),
+        (&["--target", "memcached://127.0.0.1:1", "-q", "0"], "queue depth"),
+    ];
+    for (args, want) in cases {
+        let out = fallow().args(["bench", "pages", "-d", "100ms"]).args(*args).output().unwrap();
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(want), "{args:?}: {stderr:?} should say {want:?}");
+    }
+}
+
+#[test]
+fn an_unreachable_server_fails_and_names_it() {
+    let target = format!("memcached://127.0.0.1:{}", free_port());
+    let out =
+        fallow().args(["bench", "pages", "--target", &target, "-d", "100ms"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("cannot connect to") && stderr.contains(&target), "{stderr}");
+}
