@@ -58,6 +58,12 @@ enum Closed {
     WriteTimeout,
 }
 
+/// Whether [`Connection::process`] answered every whole frame it had.
+enum Drained {
+    Yes,
+    No,
+}
+
 struct Connection {
     node: Arc<Node>,
     peer: String,
@@ -127,8 +133,11 @@ impl Connection {
                     Err(_) => return Closed::WriteTimeout,
                 }
             }
-            if let Err(closed) = verdict {
-                return closed;
+            match verdict {
+                Err(closed) => return closed,
+                // The output filled up mid-burst: whole frames may still wait in `input`.
+                Ok(Drained::No) => continue,
+                Ok(Drained::Yes) => {}
             }
             let ready = matches!(self.phase, Phase::Ready { .. });
             if input.capacity() - input.len() < READ_CHUNK / 4 {
@@ -142,6 +151,13 @@ impl Connection {
                     self.out.extend_from_slice(&reply);
                 }
                 read = stream.read_buf(&mut input) => match read {
+                    Ok(0) if !input.is_empty() => {
+                        self.node.metrics().reject("truncated_frame");
+                        return Closed::Protocol(format!(
+                            "closed in the middle of a frame ({} bytes of it received)",
+                            input.len()
+                        ));
+                    }
                     Ok(0) => return Closed::Eof,
                     Ok(_) => {}
                     Err(err) => return Closed::Io(err),
@@ -154,9 +170,9 @@ impl Connection {
     }
 
     /// Answers every whole frame in `input`. Stops early to let the caller write when the
-    /// output grows large; returns an error when the connection must close (after the
-    /// output, which may hold the reason, is written).
-    fn process(&mut self, input: &mut BytesMut) -> Result<(), Closed> {
+    /// output grows large (then says whether `input` was drained); returns an error when the
+    /// connection must close (after the output, which may hold the reason, is written).
+    fn process(&mut self, input: &mut BytesMut) -> Result<Drained, Closed> {
         while self.out.len() < FLUSH_AT {
             let limit = match self.phase {
                 Phase::Ready { .. } => MAX_FRAME_LEN,
@@ -164,7 +180,7 @@ impl Connection {
             };
             let frame = match decode_limited(input, limit) {
                 Ok(Some(frame)) => frame,
-                Ok(None) => return Ok(()),
+                Ok(None) => return Ok(Drained::Yes),
                 Err(err) => {
                     self.node.metrics().reject("bad_frame");
                     let message = err.to_string();
@@ -174,7 +190,7 @@ impl Connection {
             };
             self.handle(frame)?;
         }
-        Ok(())
+        Ok(Drained::No)
     }
 
     fn handle(&mut self, frame: Frame) -> Result<(), Closed> {

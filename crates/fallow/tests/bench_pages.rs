@@ -100,3 +100,60 @@ fn an_unreachable_server_fails_and_names_it() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("cannot connect to") && stderr.contains(&target), "{stderr}");
 }
+
+/// A `fallow node` child process, killed (by its PID) when dropped.
+struct NodeProcess(Child);
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn json_report_against_a_fallow_node() {
+    let dir = std::env::temp_dir().join(format!("fallow-bench-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let secret = dir.join("secret");
+    std::fs::write(&secret, "0123456789abcdef0123456789abcdef\n").unwrap();
+    let port = free_port();
+    let child = fallow()
+        .args(["node", "--listen", &format!("127.0.0.1:{port}"), "--lend", "64M"])
+        .arg("--secret-file")
+        .arg(&secret)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut node = NodeProcess(child);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(node.0.try_wait().unwrap().is_none(), "the node exited");
+        assert!(Instant::now() < deadline, "the node did not listen on {port} within 10 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = fallow()
+        .args(["bench", "pages", "--target", &format!("fallow://127.0.0.1:{port}")])
+        .arg("--secret-file")
+        .arg(&secret)
+        .args(["--keys", "500", "--warmup", "-q", "4", "-b", "4", "-d", "1s", "--json", "--quiet"])
+        .args(["--value", "dup", "--dedup", "on"])
+        .output()
+        .unwrap();
+    drop(node);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["server"], "fallow");
+    assert_eq!(v["dedup"], true);
+    assert_eq!(v["value"], "dup:16");
+    assert_eq!(v["misses"], 0);
+    assert_eq!(v["wrong"], 0);
+    assert!(v["hits"].as_u64().unwrap() > 0);
+    assert!(
+        out.stderr.is_empty(),
+        "--quiet prints nothing: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

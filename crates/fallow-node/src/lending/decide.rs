@@ -26,6 +26,8 @@ use super::host::HostMemory;
 
 const SEGMENT: u64 = SEGMENT_BYTES as u64;
 const MIB: u64 = 1 << 20;
+/// The longest any duration of an [`AutoConfig`] may be.
+const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 
 /// The knobs of `--lend auto`. Every size is in bytes; see `docs/governor.md` for how each
 /// one is used.
@@ -106,6 +108,9 @@ pub enum AutoConfigError {
     /// A duration that must not be zero is zero.
     #[error("{0} must be greater than zero")]
     ZeroDuration(&'static str),
+    /// A duration is longer than a day: surely a mistake in its unit.
+    #[error("{0} must be at most a day")]
+    LongDuration(&'static str),
 }
 
 impl AutoConfig {
@@ -128,6 +133,16 @@ impl AutoConfig {
         for (name, d) in [("interval", self.interval), ("PSI window", self.psi_window)] {
             if d.is_zero() {
                 return Err(AutoConfigError::ZeroDuration(name));
+            }
+        }
+        for (name, d) in [
+            ("interval", self.interval),
+            ("PSI window", self.psi_window),
+            ("grow interval", self.grow_every),
+            ("cooldown", self.cooldown),
+        ] {
+            if d > MAX_DURATION {
+                return Err(AutoConfigError::LongDuration(name));
             }
         }
         Ok(())
@@ -185,11 +200,6 @@ impl Reason {
             Reason::Cooldown => "cooldown",
             Reason::Fixed => "fixed",
         }
-    }
-
-    /// Whether this reason lowers the budget.
-    pub fn is_shrink(self) -> bool {
-        matches!(self, Reason::LowMemory | Reason::HostUse | Reason::Pressure)
     }
 }
 
@@ -268,7 +278,9 @@ impl Decider {
         let stalling = stall.is_some_and(|s| s >= c.psi_threshold_percent);
         let low = free < reserve;
         if low || stalling || host.psi_some_avg10 >= c.psi_threshold_percent {
-            self.cooldown_until = Some(now + c.cooldown);
+            // `validate` bounds the cooldown, so this cannot overflow in practice; if it
+            // did, the cooldown would end now rather than panic.
+            self.cooldown_until = Some(now.checked_add(c.cooldown).unwrap_or(now));
         }
         let in_cooldown = self.cooldown_until.is_some_and(|t| now < t);
         let mut decision = Decision {
@@ -286,7 +298,8 @@ impl Decider {
         if stalling && step_due {
             self.last_step = Some(now);
             let stepped = target.min(budget).saturating_sub(c.pressure_step_bytes);
-            decision.budget_bytes = c.clamp(stepped);
+            // Never up, even when the budget is still below `min_lend`.
+            decision.budget_bytes = c.clamp(stepped).min(budget);
             decision.reason = Reason::Pressure;
         } else if low && target < budget && budget - target >= SEGMENT {
             // The reserve is being eaten into: no hysteresis.
@@ -520,6 +533,8 @@ mod tests {
         assert!(bad.validate().is_err());
         let bad = AutoConfig { interval: Duration::ZERO, ..AutoConfig::default() };
         assert_eq!(bad.validate().unwrap_err().to_string(), "interval must be greater than zero");
+        let bad = AutoConfig { cooldown: Duration::MAX, ..AutoConfig::default() };
+        assert_eq!(bad.validate().unwrap_err().to_string(), "cooldown must be at most a day");
     }
 
     /// One tick of a random walk: the time step, our used bytes, the host sample.

@@ -281,27 +281,26 @@ impl Governor {
         s.stall_percent = decision.stall_percent;
         s.in_cooldown = decision.in_cooldown;
         s.process_rss_bytes = host.process_rss;
-        if change.is_none() {
+        let Some(change) = change else {
             s.pinned_over_budget_bytes = (stats.over_budget_frames * PAGE_SIZE) as u64;
+            return;
+        };
+        if change.new_bytes < change.old_bytes {
+            s.shrinks += 1;
+        } else {
+            s.grows += 1;
         }
-        if let Some(change) = change {
-            if change.new_bytes < change.old_bytes {
-                s.shrinks += 1;
-            } else {
-                s.grows += 1;
-            }
-            s.pages_dropped += change.pages_dropped;
-            s.segments_released += change.segments_released;
-            s.pinned_over_budget_bytes = change.pinned_over_budget_bytes;
-            s.last_reason = change.reason.as_str();
-            s.last_change_unix_ms = Some(change.at_unix_ms);
-            s.last_change_at = Some(change.at);
-            s.last_change_elapsed = change.elapsed;
-            if state.changes.len() == CHANGE_LOG_LEN {
-                state.changes.pop_front();
-            }
-            state.changes.push_back(change);
+        s.pages_dropped += change.pages_dropped;
+        s.segments_released += change.segments_released;
+        s.pinned_over_budget_bytes = change.pinned_over_budget_bytes;
+        s.last_reason = change.reason.as_str();
+        s.last_change_unix_ms = Some(change.at_unix_ms);
+        s.last_change_at = Some(change.at);
+        s.last_change_elapsed = change.elapsed;
+        if state.changes.len() == CHANGE_LOG_LEN {
+            state.changes.pop_front();
         }
+        state.changes.push_back(change);
     }
 
     /// Sets the engine's budget as decided, and logs it.

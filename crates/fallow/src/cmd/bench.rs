@@ -58,7 +58,8 @@ pub struct PagesArgs {
     /// How long to measure: 500ms, 3s, 1m, or seconds.
     #[arg(long, short = 'd', default_value = "5s", value_parser = parse_duration)]
     duration: Duration,
-    /// First put every key once (not measured), so that gets hit.
+    /// First put every key once (not measured), so that gets hit. A fallow run creates a
+    /// pool of its own (destroyed at the end), so its gets hit only with this.
     #[arg(long)]
     warmup: bool,
     /// Fallow only: create the benchmark pool with dedup on or off.

@@ -1,0 +1,182 @@
+//! A real node for integration tests: an engine and a server on 127.0.0.1 with an
+//! OS-assigned port, running on its own thread and runtime until dropped.
+
+#![allow(dead_code)] // Each test binary uses a different part of this module.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fallow_client::ClientConfig;
+use fallow_node::{ListenAddr, Node, NodeConfig, Server};
+use fallow_pool::{Engine, EngineBuilder};
+
+/// The secret every test node uses.
+pub const SECRET: &[u8] = b"integration-test-secret-0123456789";
+
+/// A node serving on 127.0.0.1:0 (and a Unix socket, if asked).
+pub struct TestNode {
+    pub addr: SocketAddr,
+    pub unix: Option<std::path::PathBuf>,
+    pub node: Arc<Node>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Settings a test may change.
+pub struct Options {
+    pub budget: usize,
+    pub write_timeout: Duration,
+    pub handshake_timeout: Duration,
+    pub client_lease: Duration,
+    pub unix: bool,
+    pub max_pools_per_client: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            budget: 64 << 20,
+            write_timeout: Duration::from_secs(30),
+            handshake_timeout: Duration::from_secs(10),
+            client_lease: Duration::from_secs(300),
+            unix: false,
+            max_pools_per_client: 1024,
+        }
+    }
+}
+
+impl TestNode {
+    pub fn start() -> TestNode {
+        Self::with(Options::default())
+    }
+
+    pub fn with(options: Options) -> TestNode {
+        let engine = Arc::new(Engine::new(
+            EngineBuilder::new(options.budget).compress_interval(None).build().unwrap(),
+        ));
+        let mut listen = vec![ListenAddr::Tcp("127.0.0.1:0".parse().unwrap())];
+        let unix = options.unix.then(|| {
+            let path = std::env::temp_dir().join(format!(
+                "fallow-test-{}-{}.sock",
+                std::process::id(),
+                rand::random::<u32>()
+            ));
+            listen.push(ListenAddr::Unix(path.clone()));
+            path
+        });
+        let mut config = NodeConfig::new(listen, SECRET.to_vec());
+        config.write_timeout = options.write_timeout;
+        config.handshake_timeout = options.handshake_timeout;
+        config.client_lease = options.client_lease;
+        config.max_pools_per_client = options.max_pools_per_client;
+        let node = Arc::new(Node::new(engine, config, None));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let serving = node.clone();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let server = Server::start(serving).await.unwrap();
+                ready_tx.send(server.tcp_addr().unwrap()).unwrap();
+                let _ = stop_rx.await;
+                server.shutdown().await;
+            });
+        });
+        let addr = ready_rx.recv_timeout(Duration::from_secs(10)).expect("node started");
+        TestNode { addr, unix, node, stop: Some(stop_tx), thread: Some(thread) }
+    }
+
+    /// A client config for this node with the right secret.
+    pub fn config(&self) -> ClientConfig {
+        ClientConfig::new(&self.addr.to_string(), SECRET.to_vec())
+            .unwrap()
+            .timeout(Duration::from_secs(10))
+    }
+}
+
+impl Drop for TestNode {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// A page whose bytes all derive from `seed`, so different seeds give different pages.
+pub fn page(seed: u64) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..fallow_core::PAGE_SIZE)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}
+
+/// A TCP proxy on 127.0.0.1 in front of a node, whose connections a test can cut.
+pub struct CutProxy {
+    pub addr: SocketAddr,
+    streams: Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl CutProxy {
+    pub fn start(target: SocketAddr) -> CutProxy {
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let streams: Arc<std::sync::Mutex<Vec<std::net::TcpStream>>> = Arc::default();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (kept, stopping) = (streams.clone(), stop.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                if stopping.load(Ordering::Relaxed) {
+                    return;
+                }
+                let Ok(client) = client else { continue };
+                let Ok(upstream) = std::net::TcpStream::connect(target) else { continue };
+                let _ = client.set_nodelay(true);
+                let _ = upstream.set_nodelay(true);
+                kept.lock()
+                    .unwrap()
+                    .extend([client.try_clone().unwrap(), upstream.try_clone().unwrap()]);
+                for (mut from, mut to) in [
+                    (client.try_clone().unwrap(), upstream.try_clone().unwrap()),
+                    (upstream, client),
+                ] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        CutProxy { addr, streams, stop }
+    }
+
+    /// Closes every connection open through the proxy (new ones still work).
+    pub fn cut(&self) {
+        for stream in self.streams.lock().unwrap().drain(..) {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+impl Drop for CutProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.cut();
+        // Wake the accept loop so it sees the stop flag.
+        let _ = std::net::TcpStream::connect(self.addr);
+    }
+}
