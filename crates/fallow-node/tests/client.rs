@@ -202,7 +202,7 @@ fn a_node_that_went_away_gives_typed_errors() {
     drop(node);
     let err = client.put(PageKey::new(pool, 0, 0), &page(0)).unwrap_err();
     assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
-    let err = client.get(PageKey::new(pool, 0, 0), &mut vec![0; 10]).unwrap_err();
+    let err = client.get(PageKey::new(pool, 0, 0), &mut [0; 10]).unwrap_err();
     assert!(matches!(err, StoreError::BadLength { got: 10, .. }), "{err:?}");
 }
 
@@ -226,13 +226,13 @@ fn step() -> impl Strategy<Value = Step> {
     let o = 0u64..3;
     let i = 0u64..6;
     prop_oneof![
-        4 => (p.clone(), o.clone(), i.clone(), 0u64..4).prop_map(|(persistent, object, index, seed)| Step::Put { persistent, object, index, seed }),
-        3 => (p.clone(), o.clone(), i.clone()).prop_map(|(persistent, object, index)| Step::Get { persistent, object, index }),
-        1 => (p.clone(), o.clone(), i.clone()).prop_map(|(persistent, object, index)| Step::Take { persistent, object, index }),
-        1 => (p.clone(), o.clone(), i.clone()).prop_map(|(persistent, object, index)| Step::InvalidatePage { persistent, object, index }),
-        1 => (p.clone(), o.clone()).prop_map(|(persistent, object)| Step::InvalidateObject { persistent, object }),
-        1 => p.clone().prop_map(|persistent| Step::InvalidatePool { persistent }),
-        1 => (p.clone(), o.clone(), prop::collection::vec(0u64..4, 1..6)).prop_map(|(persistent, object, seeds)| Step::PutMany { persistent, object, seeds }),
+        4 => (p, o.clone(), i.clone(), 0u64..4).prop_map(|(persistent, object, index, seed)| Step::Put { persistent, object, index, seed }),
+        3 => (p, o.clone(), i.clone()).prop_map(|(persistent, object, index)| Step::Get { persistent, object, index }),
+        1 => (p, o.clone(), i.clone()).prop_map(|(persistent, object, index)| Step::Take { persistent, object, index }),
+        1 => (p, o.clone(), i.clone()).prop_map(|(persistent, object, index)| Step::InvalidatePage { persistent, object, index }),
+        1 => (p, o.clone()).prop_map(|(persistent, object)| Step::InvalidateObject { persistent, object }),
+        1 => p.prop_map(|persistent| Step::InvalidatePool { persistent }),
+        1 => (p, o.clone(), prop::collection::vec(0u64..4, 1..6)).prop_map(|(persistent, object, seeds)| Step::PutMany { persistent, object, seeds }),
         1 => (p, o, 1u64..6).prop_map(|(persistent, object, count)| Step::GetMany { persistent, object, count }),
     ]
 }

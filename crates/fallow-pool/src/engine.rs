@@ -28,7 +28,7 @@ use crate::content::{checksum, fill_word, write_fill, Digest};
 use crate::eviction;
 use crate::pools::{PoolCounters, PoolState, PoolTable};
 use crate::shard::{Shard, Slot, Value};
-use crate::stats::{BudgetReport, EngineStats, PoolStats};
+use crate::stats::{BudgetReport, EngineStats, MemoryUsage, PoolStats};
 use crate::store::{InternOptions, Read, ShrinkReport, Store};
 
 /// Segments released per store-lock hold when shrinking: bounds how long a get can wait
@@ -193,6 +193,17 @@ impl Engine {
     /// Counters and memory use, for the engine and each pool.
     pub fn stats(&self) -> EngineStats {
         self.inner.stats()
+    }
+
+    /// Memory held for pages, under the store lock only.
+    pub fn memory(&self) -> MemoryUsage {
+        let usage = self.inner.store.read().usage();
+        MemoryUsage {
+            budget_bytes: usage.budget_bytes,
+            mapped_bytes: usage.mapped_bytes,
+            frames_used: usage.frames_used,
+            compressed_bytes: usage.compressed_bytes,
+        }
     }
 
     /// Counters of one pool.

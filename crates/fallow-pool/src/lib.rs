@@ -45,5 +45,5 @@ mod store;
 pub use arena::{FRAMES_PER_SEGMENT, SEGMENT_BYTES};
 pub use config::{ConfigError, EngineBuilder, EngineConfig, MAX_BUDGET_BYTES};
 pub use engine::Engine;
-pub use stats::{BudgetReport, EngineStats, PoolStats};
+pub use stats::{BudgetReport, EngineStats, MemoryUsage, PoolStats};
 pub use store::ShrinkReport;

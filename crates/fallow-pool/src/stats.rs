@@ -147,3 +147,31 @@ pub struct BudgetReport {
     /// The longest single hold of the store lock: how long a get could have waited.
     pub longest_hold: Duration,
 }
+
+/// What the engine holds in memory for pages, read under one lock: cheap enough for a
+/// governor that samples many times a second (unlike [`EngineStats`], which visits every
+/// shard and pool).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryUsage {
+    /// The lent budget in bytes.
+    pub budget_bytes: usize,
+    /// Bytes mapped for frames (whole 2 MiB segments).
+    pub mapped_bytes: usize,
+    /// Frames holding page bytes.
+    pub frames_used: usize,
+    /// Bytes of compressed page data (held on the heap, counted against the budget).
+    pub compressed_bytes: usize,
+}
+
+impl MemoryUsage {
+    /// Bytes held for pages: mapped segments plus compressed data.
+    pub fn held_bytes(&self) -> usize {
+        self.mapped_bytes + self.compressed_bytes
+    }
+
+    /// Frames in use beyond the budget (as [`EngineStats::over_budget_frames`]).
+    pub fn over_budget_frames(&self) -> usize {
+        (self.frames_used + self.compressed_bytes.div_ceil(PAGE_SIZE))
+            .saturating_sub(self.budget_bytes / PAGE_SIZE)
+    }
+}

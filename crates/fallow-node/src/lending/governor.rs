@@ -23,7 +23,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fallow_core::PAGE_SIZE;
-use fallow_pool::{Engine, EngineStats};
+use fallow_pool::Engine;
 use parking_lot::Mutex;
 
 use super::decide::{AutoConfig, AutoConfigError, Decider, Decision, Reason};
@@ -203,7 +203,7 @@ impl Governor {
     fn fixed(engine: &Engine, bytes: u64) -> GovernorHandle {
         let mut status = GovernorStatus::new("fixed", bytes);
         status.last_reason = Reason::Fixed.as_str();
-        let old = engine.stats().budget_bytes as u64;
+        let old = engine.memory().budget_bytes as u64;
         if old != bytes {
             let report = engine.set_budget(to_usize(bytes));
             status.last_change_elapsed = report.elapsed;
@@ -226,7 +226,7 @@ impl Governor {
     ) -> Result<GovernorHandle, GovernorError> {
         config.validate()?;
         let interval = config.interval;
-        let budget = engine.stats().budget_bytes as u64;
+        let budget = engine.memory().budget_bytes as u64;
         let mut status = GovernorStatus::new("auto", budget);
         status.running = true;
         let shared = Arc::new(Mutex::new(State { status, changes: VecDeque::new() }));
@@ -257,9 +257,9 @@ impl Governor {
             Ok(host) => host,
             Err(e) => return self.sample_failed(&e),
         };
-        let stats = self.engine.stats();
-        let used = used_bytes(&stats);
-        let budget = stats.budget_bytes as u64;
+        let memory = self.engine.memory();
+        let used = memory.held_bytes() as u64;
+        let budget = memory.budget_bytes as u64;
         let decision = self.decider.decide(now, budget, used, &host);
         let change =
             (decision.budget_bytes != budget).then(|| self.apply(budget, used, &decision, &host));
@@ -282,7 +282,7 @@ impl Governor {
         s.in_cooldown = decision.in_cooldown;
         s.process_rss_bytes = host.process_rss;
         let Some(change) = change else {
-            s.pinned_over_budget_bytes = (stats.over_budget_frames * PAGE_SIZE) as u64;
+            s.pinned_over_budget_bytes = (memory.over_budget_frames() * PAGE_SIZE) as u64;
             return;
         };
         if change.new_bytes < change.old_bytes {
@@ -354,12 +354,6 @@ impl Governor {
 
 /// Bytes this process holds for pages: mapped segments (their frames are touched as they
 /// fill, and a free frame stays resident until its segment goes) plus compressed pages.
-fn used_bytes(stats: &EngineStats) -> u64 {
-    let compressed = (stats.compressed_pages as u64 * PAGE_SIZE as u64)
-        .saturating_sub(stats.compression_saved_bytes);
-    stats.mapped_bytes as u64 + compressed
-}
-
 fn to_usize(bytes: u64) -> usize {
     // `set_budget` lowers anything above what it can address, so saturating is enough.
     usize::try_from(bytes).unwrap_or(usize::MAX)
