@@ -1,0 +1,448 @@
+"""A minimal, synchronous client for the fallow node protocol.
+
+Written from docs/protocol.md alone (Python 3 standard library only), so that it checks the
+specification as much as the node: if this client and the node disagree, one of them or the
+document is wrong. It is a test tool, not a production client: one socket, blocking calls,
+no reconnects.
+
+    from fallow_client import Client, read_secret
+    with Client.connect("127.0.0.1", 7400, read_secret("secret")) as c:
+        pool = c.create_pool(persistent=True)
+        c.put(pool, [(1, 0, b"\\xab" * 4096)])
+        assert c.get(pool, [(1, 0)]) == [b"\\xab" * 4096]
+"""
+
+import hashlib
+import hmac
+import os
+import socket
+import struct
+
+# --- Constants (docs/protocol.md, "Conventions" and "Limits") --------------------------------
+
+PAGE_SIZE = 4096
+HEADER_LEN = 16
+MIN_FRAME_LEN = 12  # the length field counts the 12 header bytes after it
+MAX_FRAME_LEN = 256 * 4096 + 64 * 1024
+PRE_AUTH_MAX_FRAME_LEN = 256
+MAX_BATCH = 256
+MAX_NAME_LEN = 64
+MAGIC = b"FALLOWPP"
+VERSION = 1
+CLIENT_LABEL = b"fallow-v1 client proof\x00"
+NODE_LABEL = b"fallow-v1 node proof\x00"
+KEY_LEN = 16
+
+# --- Op codes -------------------------------------------------------------------------------
+
+OP_HELLO = 0x01
+OP_AUTH = 0x02
+OP_PING = 0x03
+OP_CREATE_POOL = 0x10
+OP_DESTROY_POOL = 0x11
+OP_INVALIDATE_POOL = 0x12
+OP_INVALIDATE_OBJECT = 0x13
+OP_INVALIDATE_PAGES = 0x14
+OP_PUT = 0x20
+OP_GET = 0x21
+OP_TAKE = 0x22
+OP_STATS = 0x30
+
+# --- Status codes ---------------------------------------------------------------------------
+
+OK = 0
+UNKNOWN_OP = 1
+MALFORMED = 2
+TOO_LARGE = 3
+NOT_AUTHENTICATED = 4
+AUTH_FAILED = 5
+UNSUPPORTED_VERSION = 6
+UNKNOWN_POOL = 7
+INVALID_SPEC = 8
+SHARED_POOL_MISMATCH = 9
+TOO_MANY_POOLS = 10
+INTERNAL = 11
+BAD_FRAME = 12
+
+STATUS_NAMES = {
+    OK: "OK",
+    UNKNOWN_OP: "UNKNOWN_OP",
+    MALFORMED: "MALFORMED",
+    TOO_LARGE: "TOO_LARGE",
+    NOT_AUTHENTICATED: "NOT_AUTHENTICATED",
+    AUTH_FAILED: "AUTH_FAILED",
+    UNSUPPORTED_VERSION: "UNSUPPORTED_VERSION",
+    UNKNOWN_POOL: "UNKNOWN_POOL",
+    INVALID_SPEC: "INVALID_SPEC",
+    SHARED_POOL_MISMATCH: "SHARED_POOL_MISMATCH",
+    TOO_MANY_POOLS: "TOO_MANY_POOLS",
+    INTERNAL: "INTERNAL",
+    BAD_FRAME: "BAD_FRAME",
+}
+
+# Statuses after which the node closes the connection.
+CLOSING = {NOT_AUTHENTICATED, AUTH_FAILED, UNSUPPORTED_VERSION, BAD_FRAME}
+
+# PUT outcome codes.
+STORED = 0
+NOT_STORED_FULL = 1
+NOT_STORED_OVER_QUOTA = 2
+
+# CREATE_POOL flag bits.
+FLAG_COMPRESS = 1
+FLAG_QUOTA = 2
+
+
+def status_name(code):
+    return STATUS_NAMES.get(code, "status %d" % code)
+
+
+class ProtocolError(Exception):
+    """The node sent something this document does not allow, or the stream broke."""
+
+
+class StatusError(Exception):
+    """The node answered a request with a status other than OK."""
+
+    def __init__(self, op, status, body):
+        self.op = op
+        self.status = status
+        self.body = body
+        if status == UNSUPPORTED_VERSION and len(body) == 4:
+            lo, hi = struct.unpack("<HH", body)
+            detail = "node speaks versions %d..%d" % (lo, hi)
+        else:
+            detail = body.decode("utf-8", "replace")
+        super().__init__("op 0x%02x: %s: %s" % (op, status_name(status), detail))
+
+
+def read_secret(path):
+    """The secret in a secret file: its bytes with surrounding ASCII whitespace removed
+    (space, tab, LF, FF, CR), as the node reads it."""
+    with open(path, "rb") as f:
+        return f.read().strip(b" \t\n\x0c\r")
+
+
+def proofs(secret, version, challenge, client_nonce, client_id):
+    """(client proof, node proof) of the handshake transcript."""
+    transcript = (
+        struct.pack("<H", version) + challenge + client_nonce + client_id.to_bytes(16, "little")
+    )
+    client = hmac.new(secret, CLIENT_LABEL + transcript, hashlib.sha256).digest()
+    node = hmac.new(secret, NODE_LABEL + transcript, hashlib.sha256).digest()
+    return client, node
+
+
+# --- Encoding (pure functions: used by the client and by the documentation's examples) ------
+
+
+def encode_frame(op, request_id, body, status=0):
+    """One frame: length, op, status, reserved, id, body."""
+    return struct.pack("<IBBHQ", MIN_FRAME_LEN + len(body), op, status, 0, request_id) + body
+
+
+def hello_body(client_id, name, version_min=VERSION, version_max=VERSION):
+    name = name.encode("utf-8")
+    if len(name) > MAX_NAME_LEN:
+        raise ValueError("client name over 64 bytes")
+    return (
+        MAGIC
+        + struct.pack("<HH", version_min, version_max)
+        + client_id.to_bytes(16, "little")
+        + bytes([len(name)])
+        + name
+    )
+
+
+def create_pool_body(persistent=False, shared_uuid=None, dedup_domain=None, compress=False,
+                     quota_pages=None):
+    flags = (FLAG_COMPRESS if compress else 0) | (FLAG_QUOTA if quota_pages is not None else 0)
+    return struct.pack(
+        "<BBBBIQQ",
+        1 if persistent else 0,
+        0 if shared_uuid is None else 1,
+        0 if dedup_domain is None else 1,
+        flags,
+        0,
+        quota_pages or 0,
+        dedup_domain or 0,
+    ) + (shared_uuid or 0).to_bytes(16, "little")
+
+
+def keys_body(pool, keys):
+    """pool, count, then (object, index) for each key."""
+    if not 1 <= len(keys) <= MAX_BATCH:
+        raise ValueError("a batch holds 1 to 256 keys, not %d" % len(keys))
+    parts = [struct.pack("<II", pool, len(keys))]
+    parts += [struct.pack("<QQ", obj, idx) for obj, idx in keys]
+    return b"".join(parts)
+
+
+def put_body(pool, items):
+    """items: (object, index, page) triples; every page is exactly 4096 bytes."""
+    for _, _, page in items:
+        if len(page) != PAGE_SIZE:
+            raise ValueError("a page is 4096 bytes, not %d" % len(page))
+    return keys_body(pool, [(o, i) for o, i, _ in items]) + b"".join(p for _, _, p in items)
+
+
+def parse_stats(body):
+    """A STATS reply body as a list of (name, value), in the node's order."""
+    (count,) = struct.unpack_from("<H", body, 0)
+    at, entries = 2, []
+    for _ in range(count):
+        n = body[at]
+        name = body[at + 1 : at + 1 + n].decode("utf-8")
+        (value,) = struct.unpack_from("<Q", body, at + 1 + n)
+        entries.append((name, value))
+        at += 1 + n + 8
+    if at != len(body):
+        raise ProtocolError("STATS reply: %d bytes after the last entry" % (len(body) - at))
+    return entries
+
+
+# --- The client -----------------------------------------------------------------------------
+
+
+class Client:
+    """One authenticated connection. Requests may be pipelined with `send` and `wait`;
+    every other method sends one request (or one per batch) and waits for its reply."""
+
+    def __init__(self, sock, max_batch, node_id, client_id):
+        self.sock = sock
+        self.max_batch = max_batch
+        self.node_id = node_id
+        self.client_id = client_id
+        self._next_id = 3
+        self._buf = bytearray()
+        self._early = {}  # replies that arrived before someone waited for them, by id
+
+    # Connection and handshake.
+
+    @classmethod
+    def connect(cls, host, port, secret, client_id=None, name="fallow_client.py", timeout=10.0):
+        """Connects, says HELLO, authenticates and checks the node's proof."""
+        if client_id is None:
+            client_id = int.from_bytes(os.urandom(16), "little")
+        sock = socket.create_connection((host, port), timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            return cls._handshake(sock, secret, client_id, name)
+        except BaseException:
+            sock.close()
+            raise
+
+    @classmethod
+    def _handshake(cls, sock, secret, client_id, name):
+        raw = RawConnection(sock)
+        raw.send(encode_frame(OP_HELLO, 1, hello_body(client_id, name)))
+        op, status, rid, body = raw.recv_frame()
+        if (op, rid) != (OP_HELLO, 1):
+            raise ProtocolError("HELLO answered with op 0x%02x id %d" % (op, rid))
+        if status != OK:
+            raise StatusError(op, status, body)
+        if len(body) != 56:
+            raise ProtocolError("HELLO reply of %d bytes, not 56" % len(body))
+        version, _reserved, max_batch = struct.unpack_from("<HHI", body, 0)
+        node_id = int.from_bytes(body[8:24], "little")
+        challenge = body[24:56]
+        if version != VERSION:
+            raise ProtocolError("node chose version %d, outside the range offered" % version)
+        nonce = os.urandom(32)
+        client_proof, node_proof = proofs(secret, version, challenge, nonce, client_id)
+        raw.send(encode_frame(OP_AUTH, 2, nonce + client_proof))
+        op, status, rid, body = raw.recv_frame()
+        if (op, rid) != (OP_AUTH, 2):
+            raise ProtocolError("AUTH answered with op 0x%02x id %d" % (op, rid))
+        if status != OK:
+            raise StatusError(op, status, body)
+        if not hmac.compare_digest(body, node_proof):
+            raise ProtocolError("the node's proof is wrong: it does not hold the secret")
+        client = cls(sock, min(max_batch, MAX_BATCH), node_id, client_id)
+        client._buf = raw.buf
+        return client
+
+    def close(self):
+        self.sock.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # Pipelining: send now, wait later, replies matched by id.
+
+    def send(self, op, body):
+        """Sends one request; returns its id."""
+        rid = self._next_id
+        self._next_id += 1
+        self.sock.sendall(encode_frame(op, rid, body))
+        return rid
+
+    def wait(self, rid):
+        """The (op, status, body) of the reply to request `rid`, whenever it comes."""
+        if rid in self._early:
+            return self._early.pop(rid)
+        raw = RawConnection(self.sock, self._buf)
+        while True:
+            op, status, got, body = raw.recv_frame()
+            if got == 0 and status == BAD_FRAME:
+                raise StatusError(op, status, body)
+            if got == rid:
+                return op, status, body
+            self._early[got] = (op, status, body)
+
+    def call(self, op, body):
+        """Sends one request, waits for its reply, and returns the body of an OK reply;
+        raises StatusError otherwise."""
+        return self._ok(op, self.wait(self.send(op, body)))
+
+    @staticmethod
+    def _ok(op, reply):
+        got_op, status, body = reply
+        if got_op != op:
+            raise ProtocolError("reply with op 0x%02x to a request of op 0x%02x" % (got_op, op))
+        if status != OK:
+            raise StatusError(op, status, body)
+        return body
+
+    # Operations.
+
+    def ping(self):
+        self._expect_len(self.call(OP_PING, b""), 0, "PING")
+
+    def create_pool(self, persistent=False, shared_uuid=None, dedup_domain=None, compress=False,
+                    quota_pages=None):
+        """Creates a pool (or attaches to the shared pool `shared_uuid`); returns its id."""
+        body = create_pool_body(persistent, shared_uuid, dedup_domain, compress, quota_pages)
+        reply = self.call(OP_CREATE_POOL, body)
+        self._expect_len(reply, 4, "CREATE_POOL")
+        return struct.unpack("<I", reply)[0]
+
+    def destroy_pool(self, pool):
+        self._expect_len(self.call(OP_DESTROY_POOL, struct.pack("<I", pool)), 0, "DESTROY_POOL")
+
+    def invalidate_pool(self, pool):
+        """Removes every page of the pool; returns how many were removed."""
+        reply = self.call(OP_INVALIDATE_POOL, struct.pack("<I", pool))
+        self._expect_len(reply, 8, "INVALIDATE_POOL")
+        return struct.unpack("<Q", reply)[0]
+
+    def invalidate_object(self, pool, obj):
+        """Removes every page of one object; returns how many were removed."""
+        reply = self.call(OP_INVALIDATE_OBJECT, struct.pack("<IIQ", pool, 0, obj))
+        self._expect_len(reply, 8, "INVALIDATE_OBJECT")
+        return struct.unpack("<Q", reply)[0]
+
+    def invalidate_pages(self, pool, keys):
+        """Removes the pages under `keys` ((object, index) pairs), in batches."""
+        ids = [self.send(OP_INVALIDATE_PAGES, keys_body(pool, b)) for b in self._batches(keys)]
+        for rid in ids:
+            self._expect_len(self._ok(OP_INVALIDATE_PAGES, self.wait(rid)), 0, "INVALIDATE_PAGES")
+
+    def put(self, pool, items):
+        """Stores (object, index, page) triples, in pipelined batches of at most max_batch;
+        returns one outcome code per item (STORED, NOT_STORED_FULL, NOT_STORED_OVER_QUOTA)."""
+        batches = self._batches(items)
+        ids = [self.send(OP_PUT, put_body(pool, b)) for b in batches]
+        outcomes = []
+        for rid, batch in zip(ids, batches):
+            reply = self._ok(OP_PUT, self.wait(rid))
+            self._expect_len(reply, len(batch), "PUT")
+            if any(code > NOT_STORED_OVER_QUOTA for code in reply):
+                raise ProtocolError("PUT reply with an unknown outcome code: %r" % reply)
+            outcomes += list(reply)
+        return outcomes
+
+    def get(self, pool, keys):
+        """The pages under `keys`: bytes for a hit, None for a miss; the pages stay."""
+        return self._read(OP_GET, pool, keys)
+
+    def take(self, pool, keys):
+        """Like get, but each page found is removed."""
+        return self._read(OP_TAKE, pool, keys)
+
+    def _read(self, op, pool, keys):
+        batches = self._batches(keys)
+        ids = [self.send(op, keys_body(pool, b)) for b in batches]
+        pages = []
+        for rid, batch in zip(ids, batches):
+            body = self._ok(op, self.wait(rid))
+            flags = body[: len(batch)]
+            if len(flags) != len(batch) or any(f > 1 for f in flags):
+                raise ProtocolError("found flags %r for %d keys" % (bytes(flags), len(batch)))
+            self._expect_len(body, len(batch) + sum(flags) * PAGE_SIZE, "GET/TAKE")
+            at = len(batch)
+            for found in flags:
+                if found:
+                    pages.append(bytes(body[at : at + PAGE_SIZE]))
+                    at += PAGE_SIZE
+                else:
+                    pages.append(None)
+        return pages
+
+    def stats(self):
+        """Every counter, as a dict name -> value."""
+        return dict(parse_stats(self.call(OP_STATS, b"")))
+
+    # Helpers.
+
+    def _batches(self, items):
+        items = list(items)
+        if not items:
+            raise ValueError("an empty batch")
+        return [items[i : i + self.max_batch] for i in range(0, len(items), self.max_batch)]
+
+    @staticmethod
+    def _expect_len(body, n, what):
+        if len(body) != n:
+            raise ProtocolError("%s reply body of %d bytes, expected %d" % (what, len(body), n))
+
+
+class RawConnection:
+    """Frames over a socket with no handshake logic: for the handshake itself and for
+    tests that send what a well-behaved client never would."""
+
+    def __init__(self, sock, buf=None):
+        self.sock = sock
+        self.buf = bytearray() if buf is None else buf
+
+    @classmethod
+    def open(cls, host, port, timeout=10.0):
+        return cls(socket.create_connection((host, port), timeout=timeout))
+
+    def send(self, data):
+        self.sock.sendall(data)
+
+    def recv_frame(self):
+        """(op, status, id, body) of the next frame; ProtocolError on a bad length or if
+        the node closes first."""
+        self._fill(4)
+        (length,) = struct.unpack_from("<I", self.buf, 0)
+        if not MIN_FRAME_LEN <= length <= MAX_FRAME_LEN:
+            raise ProtocolError("frame length %d out of range" % length)
+        self._fill(4 + length)
+        op, status, _reserved, rid = struct.unpack_from("<BBHQ", self.buf, 4)
+        body = bytes(self.buf[HEADER_LEN : 4 + length])
+        del self.buf[: 4 + length]
+        return op, status, rid, body
+
+    def at_eof(self):
+        """True when the node has closed the connection and sent nothing more."""
+        if self.buf:
+            return False
+        try:
+            return self.sock.recv(1) == b""
+        except ConnectionResetError:
+            return True
+
+    def _fill(self, n):
+        while len(self.buf) < n:
+            chunk = self.sock.recv(max(65536, n - len(self.buf)))
+            if not chunk:
+                raise ProtocolError("the node closed the connection")
+            self.buf += chunk
+
+    def close(self):
+        self.sock.close()
