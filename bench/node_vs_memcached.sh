@@ -47,11 +47,12 @@ done
 configs=(
     "get-qd1|get hit, 1 conn, QD 1, batch 1|--workload get -c 1 -q 1 -b 1 --warmup"
     "get-pipelined|get hit, 2 conns, QD 16, batch 1|--workload get -c 2 -q 16 -b 1 --warmup"
-    "get-batched|get hit, 1 conn, QD 4, batch 32|--workload get -c 1 -q 4 -b 32 --warmup"
-    "put-batched|put, 1 conn, QD 4, batch 32|--workload put -c 1 -q 4 -b 32"
-    "dup-get-qd1|dedup: get hit of 16 distinct pages, QD 1, batch 1|--workload get -c 1 -q 1 -b 1 --value dup --warmup"
-    "dup-get-batched|dedup: get hit of 16 distinct pages, QD 4, batch 32|--workload get -c 1 -q 4 -b 32 --value dup --warmup"
-    "dup-put-batched|dedup: put of 16 distinct pages, QD 4, batch 32|--workload put -c 1 -q 4 -b 32 --value dup"
+    "get-batched-1c|get hit, 1 conn, QD 4, batch 32|--workload get -c 1 -q 4 -b 32 --warmup"
+    "get-batched|get hit, 2 conns, QD 4, batch 32|--workload get -c 2 -q 4 -b 32 --warmup"
+    "put-batched|put, 2 conns, QD 4, batch 32|--workload put -c 2 -q 4 -b 32"
+    "dup-get-qd1|dedup: get hit of 16 distinct pages, 1 conn, QD 1, batch 1|--workload get -c 1 -q 1 -b 1 --value dup --warmup"
+    "dup-get-batched|dedup: get hit of 16 distinct pages, 2 conns, QD 4, batch 32|--workload get -c 2 -q 4 -b 32 --value dup --warmup"
+    "dup-put-batched|dedup: put of 16 distinct pages, 2 conns, QD 4, batch 32|--workload put -c 2 -q 4 -b 32 --value dup"
 )
 
 stamp=$(date +%Y-%m-%d-%H%M%S)

@@ -337,18 +337,17 @@ class Client:
 
     def invalidate_pages(self, pool, keys):
         """Removes the pages under `keys` ((object, index) pairs), in batches."""
-        ids = [self.send(OP_INVALIDATE_PAGES, keys_body(pool, b)) for b in self._batches(keys)]
-        for rid in ids:
-            self._expect_len(self._ok(OP_INVALIDATE_PAGES, self.wait(rid)), 0, "INVALIDATE_PAGES")
+        bodies = [keys_body(pool, b) for b in self._batches(keys)]
+        for body in self._pipeline(OP_INVALIDATE_PAGES, bodies):
+            self._expect_len(body, 0, "INVALIDATE_PAGES")
 
     def put(self, pool, items):
         """Stores (object, index, page) triples, in pipelined batches of at most max_batch;
         returns one outcome code per item (STORED, NOT_STORED_FULL, NOT_STORED_OVER_QUOTA)."""
         batches = self._batches(items)
-        ids = [self.send(OP_PUT, put_body(pool, b)) for b in batches]
+        replies = self._pipeline(OP_PUT, [put_body(pool, b) for b in batches])
         outcomes = []
-        for rid, batch in zip(ids, batches):
-            reply = self._ok(OP_PUT, self.wait(rid))
+        for reply, batch in zip(replies, batches):
             self._expect_len(reply, len(batch), "PUT")
             if any(code > NOT_STORED_OVER_QUOTA for code in reply):
                 raise ProtocolError("PUT reply with an unknown outcome code: %r" % reply)
@@ -365,10 +364,9 @@ class Client:
 
     def _read(self, op, pool, keys):
         batches = self._batches(keys)
-        ids = [self.send(op, keys_body(pool, b)) for b in batches]
         pages = []
-        for rid, batch in zip(ids, batches):
-            body = self._ok(op, self.wait(rid))
+        replies = self._pipeline(op, [keys_body(pool, b) for b in batches])
+        for body, batch in zip(replies, batches):
             flags = body[: len(batch)]
             if len(flags) != len(batch) or any(f > 1 for f in flags):
                 raise ProtocolError("found flags %r for %d keys" % (bytes(flags), len(batch)))
@@ -387,6 +385,19 @@ class Client:
         return dict(parse_stats(self.call(OP_STATS, b"")))
 
     # Helpers.
+
+    def _pipeline(self, op, bodies, window=8):
+        """Sends one request per body, at most `window` in flight (a client that only
+        sends while the node cannot write its replies would stall both), and returns the
+        OK reply bodies in request order."""
+        ids, replies = [], []
+        for body in bodies:
+            if len(ids) - len(replies) == window:
+                replies.append(self._ok(op, self.wait(ids[len(replies)])))
+            ids.append(self.send(op, body))
+        while len(replies) < len(ids):
+            replies.append(self._ok(op, self.wait(ids[len(replies)])))
+        return replies
 
     def _batches(self, items):
         items = list(items)
@@ -436,6 +447,8 @@ class RawConnection:
             return self.sock.recv(1) == b""
         except ConnectionResetError:
             return True
+        except socket.timeout:
+            return False
 
     def _fill(self, n):
         while len(self.buf) < n:

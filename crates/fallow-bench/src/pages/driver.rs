@@ -105,11 +105,13 @@ fn fill_plan(opts: &PagesOptions, i: usize, n: usize) -> (Vec<RequestGen>, usize
         Target::Memcached { .. } => 1,
         Target::Fallow { .. } => WARMUP_QUEUE_DEPTH,
     };
-    let parts = (n * slots) as u64;
+    let parts = (n * slots) as u128;
+    // In u128: `keys` may be near 2^61, times up to 2^11 parts.
+    let bound = |part: u128| (u128::from(opts.keys) * part / parts) as u64;
     let gens = (0..slots)
         .map(|s| {
             let part = (i * slots + s) as u64;
-            let range = opts.keys * part / parts..opts.keys * (part + 1) / parts;
+            let range = bound(part.into())..bound(u128::from(part) + 1);
             // Seeds apart from the measured phase's, which start at `seed`.
             let seed = opts.seed.wrapping_sub(1 + part);
             RequestGen::fill(seed, range, WARMUP_BATCH, opts.value)

@@ -1,6 +1,7 @@
 //! `fallow bench pages`: one 4 KiB page load against a fallow node or a memcached server
 //! (the load generator is `fallow_bench::pages`).
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -107,10 +108,12 @@ fn bench_pages(args: PagesArgs) -> anyhow::Result<()> {
             eprintln!("{}", progress_line(tick));
         }
     })?;
+    // A closed stdout (`| head`) is an error to report, not a panic as `println!` would.
+    let mut out = std::io::stdout().lock();
     if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+        writeln!(out, "{}", serde_json::to_string(&report)?)?;
     } else {
-        println!("{report}");
+        writeln!(out, "{report}")?;
     }
     Ok(())
 }
