@@ -12,10 +12,15 @@ if ! command -v cargo >/dev/null; then
     echo "cargo not found: install Rust with rustup first" >&2
     exit 1
 fi
-# The compression crates (zstd, xz, bzip2) build C sources.
-if ! command -v cc >/dev/null; then
+# The compression crates (zstd, xz, bzip2) build C sources; the node tests drive a real
+# memcached (the baseline of `fallow bench pages`) and an independent Python client.
+packages=()
+command -v cc >/dev/null || packages+=(build-essential)
+command -v memcached >/dev/null || packages+=(memcached)
+command -v python3 >/dev/null || packages+=(python3)
+if ((${#packages[@]})); then
     apt-get -o DPkg::Lock::Timeout=600 update
-    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y build-essential
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y "${packages[@]}"
 fi
 for component in rustfmt clippy; do
     if ! rustup component list --installed 2>/dev/null | grep -q "^$component"; then

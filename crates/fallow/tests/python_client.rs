@@ -86,9 +86,8 @@ impl Node {
                     seen.push(line);
                 }
                 Err(RecvTimeoutError::Timeout) => {
-                    panic!("the node did not log its address within {START_TIMEOUT:?}:\n{}", {
-                        seen.join("\n")
-                    })
+                    let seen = seen.join("\n");
+                    panic!("the node did not log its address within {START_TIMEOUT:?}:\n{seen}")
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     let status = process.0.wait().unwrap();

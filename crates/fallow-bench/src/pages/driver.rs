@@ -71,7 +71,8 @@ async fn run_on_runtime(
     let mut warmup = (0, Duration::ZERO);
     if opts.warmup {
         let (back, stats, took) =
-            phase(conns, Phase::Warmup, None, on_tick, |i, n| fill_plan(opts, i, n)).await?;
+            phase(conns, Phase::Warmup, None, false, on_tick, |i, n| fill_plan(opts, i, n))
+                .await?;
         conns = back;
         warmup = (stats.pages, took);
     }
@@ -89,7 +90,7 @@ async fn run_on_runtime(
         (gens, opts.queue_depth)
     };
     let (conns, stats, took) =
-        phase(conns, Phase::Measure, Some(opts.duration), on_tick, plan).await?;
+        phase(conns, Phase::Measure, Some(opts.duration), opts.timeline, on_tick, plan).await?;
     // Every fallow handle shares one client and pool: finishing one finishes the run.
     if let Some(Conn::Fallow(c)) = conns.first() {
         c.finish().await;
@@ -147,19 +148,22 @@ async fn connect(opts: &PagesOptions) -> Result<Vec<Conn>, PagesError> {
 
 impl Conn {
     /// Runs `gens` with `queue_depth` requests in flight; gives the connection back.
+    /// `timeline`: keep every request's start and latency.
     async fn drive(
         self,
         gens: Vec<RequestGen>,
         queue_depth: usize,
         live: Arc<AtomicU64>,
         stop: Arc<AtomicBool>,
+        timeline: bool,
     ) -> (Self, Result<Stats, PagesError>) {
         match self {
             Conn::Memcached(mut c) => {
                 // One generator per connection: memcached pipelines on the socket.
                 let mut total = Stats::new(live.clone());
                 for gen in gens {
-                    match c.drive(gen, queue_depth, Stats::new(live.clone()), &stop).await {
+                    let stats = Stats::new(live.clone()).with_timeline(timeline);
+                    match c.drive(gen, queue_depth, stats, &stop).await {
                         Ok(stats) => total.merge(&stats),
                         Err(e) => return (Conn::Memcached(c), Err(e)),
                     }
@@ -167,7 +171,7 @@ impl Conn {
                 (Conn::Memcached(c), Ok(total))
             }
             Conn::Fallow(c) => {
-                let result = c.drive(gens, live, stop).await;
+                let result = c.drive(gens, live, stop, timeline).await;
                 (Conn::Fallow(c), result)
             }
         }
@@ -176,11 +180,13 @@ impl Conn {
 
 /// Runs one phase on every connection and returns the connections, the merged stats and
 /// the phase's wall time. `plan(i, n)` gives connection `i` of `n` its generators and
-/// queue depth; `duration` stops the phase (else it ends when the generators run out).
+/// queue depth; `duration` stops the phase (else it ends when the generators run out);
+/// `timeline` keeps every request's start and latency.
 async fn phase(
     conns: Vec<Conn>,
     which: Phase,
     duration: Option<Duration>,
+    timeline: bool,
     on_tick: &mut dyn FnMut(&Tick),
     plan: impl Fn(usize, usize) -> (Vec<RequestGen>, usize),
 ) -> Result<(Vec<Conn>, Stats, Duration), PagesError> {
@@ -191,7 +197,7 @@ async fn phase(
     let mut tasks = JoinSet::new();
     for (i, conn) in conns.into_iter().enumerate() {
         let (gens, queue_depth) = plan(i, n);
-        tasks.spawn(conn.drive(gens, queue_depth, live.clone(), stop.clone()));
+        tasks.spawn(conn.drive(gens, queue_depth, live.clone(), stop.clone(), timeline));
     }
     let second = Duration::from_secs(1);
     let mut ticks = tokio::time::interval_at((start + second).into(), second);
@@ -275,5 +281,6 @@ fn report(
         not_stored: stats.not_stored,
         wrong: stats.wrong,
         latency_us: stats.latency(),
+        timeline: stats.timeline(),
     }
 }

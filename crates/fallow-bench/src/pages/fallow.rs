@@ -66,16 +66,17 @@ impl Connection {
     }
 
     /// Runs each generator as its own closed loop of requests, until `stop` is set or the
-    /// generators run out.
+    /// generators run out. `timeline`: keep every request's start and latency.
     pub(crate) async fn drive(
         &self,
         gens: Vec<RequestGen>,
         live: Arc<AtomicU64>,
         stop: Arc<AtomicBool>,
+        timeline: bool,
     ) -> Result<Stats, PagesError> {
         let mut loops = JoinSet::new();
         for gen in gens {
-            let stats = Stats::new(live.clone());
+            let stats = Stats::new(live.clone()).with_timeline(timeline);
             loops.spawn(closed_loop(self.client.clone(), self.pool, gen, stats, stop.clone()));
         }
         let mut total = Stats::new(live);

@@ -37,7 +37,7 @@ mod workload;
 
 pub use driver::{run, Phase, Tick};
 pub use keys::{KeyDist, KeyGen};
-pub use report::{Latency, PagesReport};
+pub use report::{Latency, PagesReport, TimedRequest};
 pub use workload::{ValueMode, Workload};
 
 /// The server under test, from `fallow://ADDR` or `memcached://ADDR`.
@@ -124,6 +124,9 @@ pub struct PagesOptions {
     pub dedup: bool,
     /// Seed of every random choice (keys, mix, page contents).
     pub seed: u64,
+    /// Keep every measured request's start and latency in [`PagesReport::timeline`]
+    /// (about 32 bytes per request).
+    pub timeline: bool,
 }
 
 impl PagesOptions {
@@ -145,6 +148,7 @@ impl PagesOptions {
             warmup: false,
             dedup: true,
             seed: 1,
+            timeline: false,
         }
     }
 

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use hdrhistogram::Histogram;
 
@@ -26,6 +26,8 @@ pub(crate) struct Stats {
     pub(crate) wrong: u64,
     /// Pages completed by every worker, read by the progress ticker.
     live_pages: Arc<AtomicU64>,
+    /// Every request's `(start, latency ns, is a get)`, when a timeline is asked for.
+    timeline: Option<Vec<(Instant, u64, bool)>>,
 }
 
 impl Stats {
@@ -43,11 +45,21 @@ impl Stats {
             not_stored: 0,
             wrong: 0,
             live_pages,
+            timeline: None,
         }
     }
 
-    fn request(&mut self, start: Instant, pages: u64) {
+    /// Also keeps every request's start and latency (see [`Stats::timeline`]) when `on`.
+    pub(crate) fn with_timeline(mut self, on: bool) -> Self {
+        self.timeline = on.then(Vec::new);
+        self
+    }
+
+    fn request(&mut self, start: Instant, pages: u64, get: bool) {
         let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        if let Some(timeline) = &mut self.timeline {
+            timeline.push((start, ns, get));
+        }
         self.hist.saturating_record(ns.clamp(1, MAX_LATENCY_NS));
         self.requests += 1;
         self.pages += pages;
@@ -57,7 +69,7 @@ impl Stats {
     /// Records a get of `hits + misses` pages, sent at `start`; `wrong` of the hits
     /// returned a page that no put of their key stored.
     pub(crate) fn get(&mut self, start: Instant, hits: u64, misses: u64, wrong: u64) {
-        self.request(start, hits + misses);
+        self.request(start, hits + misses, true);
         self.hits += hits;
         self.misses += misses;
         self.wrong += wrong;
@@ -65,7 +77,7 @@ impl Stats {
 
     /// Records a put of `stored + not_stored` pages, sent at `start`.
     pub(crate) fn put(&mut self, start: Instant, stored: u64, not_stored: u64) {
-        self.request(start, stored + not_stored);
+        self.request(start, stored + not_stored, false);
         self.stored += stored;
         self.not_stored += not_stored;
     }
@@ -82,6 +94,26 @@ impl Stats {
         self.stored += other.stored;
         self.not_stored += other.not_stored;
         self.wrong += other.wrong;
+        if let Some(theirs) = &other.timeline {
+            self.timeline.get_or_insert_with(Vec::new).extend_from_slice(theirs);
+        }
+    }
+
+    /// The recorded requests in the order they were sent, with wall-clock start times
+    /// (empty unless [`Stats::with_timeline`] turned recording on).
+    pub(crate) fn timeline(&self) -> Vec<TimedRequest> {
+        let Some(timeline) = &self.timeline else { return Vec::new() };
+        let (now, unix_now) = (Instant::now(), SystemTime::now().duration_since(UNIX_EPOCH));
+        let unix_now = unix_now.map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        let mut out: Vec<TimedRequest> = timeline
+            .iter()
+            .map(|&(start, latency_ns, get)| {
+                let ago = u64::try_from(now.duration_since(start).as_nanos()).unwrap_or(u64::MAX);
+                TimedRequest { start_unix_ns: unix_now.saturating_sub(ago), latency_ns, get }
+            })
+            .collect();
+        out.sort_by_key(|r| r.start_unix_ns);
+        out
     }
 
     pub(crate) fn latency(&self) -> Latency {
@@ -98,6 +130,17 @@ impl Stats {
             mean: self.hist.mean() / 1000.0,
         }
     }
+}
+
+/// One request of the measured phase, for a latency timeline (`PagesOptions::timeline`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimedRequest {
+    /// When it was sent, in ns since the Unix epoch.
+    pub start_unix_ns: u64,
+    /// Its latency, in ns.
+    pub latency_ns: u64,
+    /// A get (`false`: a put).
+    pub get: bool,
 }
 
 /// Request latency, from the write of a request to the last byte of its reply, in µs.
@@ -169,6 +212,10 @@ pub struct PagesReport {
     pub wrong: u64,
     /// Per-request latency in µs.
     pub latency_us: Latency,
+    /// Every measured request, oldest first, when `PagesOptions::timeline` is set (not
+    /// serialised: the CLI writes it to a file of its own).
+    #[serde(skip)]
+    pub timeline: Vec<TimedRequest>,
 }
 
 impl fmt::Display for PagesReport {
@@ -297,6 +344,7 @@ mod tests {
             not_stored: 0,
             wrong: 0,
             latency_us: Latency { p50: 15.0, p99: 40.0, p999: 90.0, max: 100.0, mean: 16.0 },
+            timeline: Vec::new(),
         };
         let text = report.to_string();
         for needle in ["300/s", "299 hits", "p50 15.0", "p99.9 90.0", "queue depth 2 x batch 3"] {

@@ -5,6 +5,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use anyhow::Context;
 use clap::{Args, Subcommand};
 
 use fallow_bench::pages::{self, KeyDist, PagesOptions, Phase, Target, Tick, ValueMode, Workload};
@@ -72,6 +73,10 @@ pub struct PagesArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Also write every measured request to FILE as CSV (start_unix_ns,latency_ns,op),
+    /// oldest first: a latency timeline to line up with events on the host.
+    #[arg(long, value_name = "FILE")]
+    timeline: Option<PathBuf>,
     /// No progress lines on stderr.
     #[arg(long)]
     quiet: bool,
@@ -102,12 +107,17 @@ fn bench_pages(args: PagesArgs) -> anyhow::Result<()> {
     opts.warmup = args.warmup;
     opts.dedup = args.dedup;
     opts.seed = args.seed;
+    opts.timeline = args.timeline.is_some();
     let quiet = args.quiet;
     let report = pages::run(&opts, |tick| {
         if !quiet {
             eprintln!("{}", progress_line(tick));
         }
     })?;
+    if let Some(path) = &args.timeline {
+        write_timeline(path, &report.timeline)
+            .with_context(|| format!("writing the timeline to {}", path.display()))?;
+    }
     // A closed stdout (`| head`) is an error to report, not a panic as `println!` would.
     let mut out = std::io::stdout().lock();
     if args.json {
@@ -116,6 +126,17 @@ fn bench_pages(args: PagesArgs) -> anyhow::Result<()> {
         writeln!(out, "{report}")?;
     }
     Ok(())
+}
+
+/// One CSV line per request: `start_unix_ns,latency_ns,get|put`.
+fn write_timeline(path: &std::path::Path, timeline: &[pages::TimedRequest]) -> std::io::Result<()> {
+    let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+    writeln!(out, "start_unix_ns,latency_ns,op")?;
+    for r in timeline {
+        let op = if r.get { "get" } else { "put" };
+        writeln!(out, "{},{},{op}", r.start_unix_ns, r.latency_ns)?;
+    }
+    out.flush()
 }
 
 fn progress_line(tick: &Tick) -> String {
