@@ -15,6 +15,7 @@ import os
 import struct
 import sys
 
+sys.dont_write_bytecode = True  # leave no __pycache__ beside the scripts
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import fallow_client as fc  # noqa: E402  (the path above must come first)

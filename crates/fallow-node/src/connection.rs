@@ -158,7 +158,7 @@ impl Connection {
                             input.len()
                         ));
                     }
-                    Ok(0) => return Closed::Eof,
+                    Ok(0) => return self.finish_slow(&mut stream, &mut slow_results, &config).await,
                     Ok(_) => {}
                     Err(err) => return Closed::Io(err),
                 },
@@ -167,6 +167,32 @@ impl Connection {
                 }
             }
         }
+    }
+
+    /// The peer finished sending: deliver the replies of slow requests still running
+    /// (a client may half-close and keep reading), then close.
+    async fn finish_slow<S>(
+        &mut self,
+        stream: &mut S,
+        slow_results: &mut mpsc::UnboundedReceiver<BytesMut>,
+        config: &crate::NodeConfig,
+    ) -> Closed
+    where
+        S: AsyncWrite + Unpin,
+    {
+        while self.slow_in_flight > 0 {
+            let Some(reply) = slow_results.recv().await else { break };
+            self.slow_in_flight -= 1;
+            self.out.extend_from_slice(&reply);
+        }
+        if !self.out.is_empty() {
+            match tokio::time::timeout(config.write_timeout, stream.write_all(&self.out)).await {
+                Ok(Ok(())) => self.out.clear(),
+                Ok(Err(err)) => return Closed::Io(err),
+                Err(_) => return Closed::WriteTimeout,
+            }
+        }
+        Closed::Eof
     }
 
     /// Answers every whole frame in `input`. Stops early to let the caller write when the
@@ -201,9 +227,9 @@ impl Connection {
             Err(err) => {
                 let status = match self.phase {
                     Phase::Ready { .. } => err.status(),
-                    // A peer that cannot say HELLO properly is not a fallow client.
-                    Phase::AwaitHello => Status::UnsupportedVersion,
-                    Phase::AwaitAuth { .. } => Status::NotAuthenticated,
+                    // A HELLO we cannot read: tell the peer which versions we speak.
+                    Phase::AwaitHello if op_code == Op::Hello as u8 => Status::UnsupportedVersion,
+                    Phase::AwaitHello | Phase::AwaitAuth { .. } => Status::NotAuthenticated,
                 };
                 let metrics = self.node.metrics();
                 metrics.reject(status.name());

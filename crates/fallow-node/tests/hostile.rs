@@ -363,3 +363,59 @@ fn slow_requests_complete_out_of_order_behind_fast_ones() {
     let get_at = order.iter().position(|id| *id == 5000).unwrap();
     assert!(get_at < order.len() - 1, "reply order {order:?}");
 }
+
+#[test]
+fn a_half_closed_client_still_gets_the_replies_of_slow_requests() {
+    let node = TestNode::start();
+    let client = BlockingClient::connect(node.config().client_id(77)).unwrap();
+    let pool = client.create_pool(&PoolSpec::ephemeral()).unwrap();
+    let keys: Vec<PageKey> = (0..256).map(|i| PageKey::new(pool, 0, i)).collect();
+    let data: Vec<u8> = (0..256).flat_map(page).collect();
+    let _ = client.put_many(&keys, &data).unwrap();
+    let mut raw = Raw::authenticated(&node);
+    let mut burst = BytesMut::new();
+    Request::InvalidatePool(pool).encode(20, &mut burst);
+    Request::Ping.encode(21, &mut burst);
+    raw.send_bytes(&burst);
+    raw.stream.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut ids = Vec::new();
+    while let Some(frame) = raw.frame() {
+        if frame.id == 20 {
+            assert_eq!(
+                Reply::parse(frame.clone(), Op::InvalidatePool, 0).unwrap(),
+                Reply::Count(256)
+            );
+        }
+        ids.push(frame.id);
+    }
+    ids.sort_unstable();
+    assert_eq!(ids, vec![20, 21], "both replies arrive before the node closes");
+}
+
+#[test]
+fn a_hello_with_fields_from_a_later_version_is_still_understood() {
+    let node = TestNode::start();
+    let mut raw = Raw::connect(&node);
+    let mut buf = BytesMut::new();
+    let hello = Hello { version_min: 1, version_max: 3, client_id: 9, name: "future".into() };
+    Request::Hello(hello).encode(1, &mut buf);
+    // Append 8 bytes a later version might define, and patch the length.
+    buf.extend_from_slice(&[0xee; 8]);
+    let len = (buf.len() - 4) as u32;
+    buf[..4].copy_from_slice(&len.to_le_bytes());
+    raw.send_bytes(&buf);
+    let (_, reply) = raw.reply(Op::Hello, 0);
+    assert!(matches!(reply, Reply::Hello(h) if h.version == VERSION), "{reply:?}");
+}
+
+#[test]
+fn a_first_frame_that_is_not_hello_is_not_authenticated_and_echoes_its_op() {
+    let node = TestNode::start();
+    let mut raw = Raw::connect(&node);
+    let mut buf = BytesMut::new();
+    encode(&mut buf, 0x55, 0, 4, b"??");
+    raw.send_bytes(&buf);
+    let frame = raw.frame().unwrap();
+    assert_eq!((frame.op, frame.id, frame.status), (0x55, 4, Status::NotAuthenticated as u8));
+    assert!(raw.closed());
+}

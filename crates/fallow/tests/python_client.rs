@@ -174,6 +174,8 @@ fn python_client_written_from_the_spec_passes_against_a_real_node() {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/compliance/protocol_check.py");
     let mut check = Command::new("python3");
     check.arg(&script).args(["--addr", &node.addr, "--secret-file"]).arg(&secret);
+    // Leaves no __pycache__ in the source tree.
+    check.env("PYTHONDONTWRITEBYTECODE", "1");
     let (status, output) = run_bounded(check, &dir.0, CHECK_TIMEOUT);
 
     let running = node.process.0.try_wait().unwrap().is_none();

@@ -71,8 +71,7 @@ async fn run_on_runtime(
     let mut warmup = (0, Duration::ZERO);
     if opts.warmup {
         let (back, stats, took) =
-            phase(conns, Phase::Warmup, None, false, on_tick, |i, n| fill_plan(opts, i, n))
-                .await?;
+            phase(conns, Phase::Warmup, None, false, on_tick, |i, n| fill_plan(opts, i, n)).await?;
         conns = back;
         warmup = (stats.pages, took);
     }

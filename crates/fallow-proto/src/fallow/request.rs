@@ -185,7 +185,9 @@ impl Request {
                 }
                 let name = String::from_utf8(r.bytes(len, "name")?.to_vec())
                     .map_err(|_| BodyError::Invalid("name: not UTF-8"))?;
-                Request::Hello(Hello { version_min, version_max, client_id, name })
+                // Later versions may append fields to HELLO; a node reads what it knows
+                // and ignores the rest, so it can still answer with its version range.
+                return Ok(Request::Hello(Hello { version_min, version_max, client_id, name }));
             }
             Op::Auth => {
                 Request::Auth { client_nonce: r.array("client_nonce")?, proof: r.array("proof")? }
