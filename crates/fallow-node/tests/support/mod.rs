@@ -17,6 +17,7 @@ pub const SECRET: &[u8] = b"integration-test-secret-0123456789";
 /// A node serving on 127.0.0.1:0 (and a Unix socket, if asked).
 pub struct TestNode {
     pub addr: SocketAddr,
+    pub metrics: Option<SocketAddr>,
     pub unix: Option<std::path::PathBuf>,
     pub node: Arc<Node>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -31,6 +32,7 @@ pub struct Options {
     pub client_lease: Duration,
     pub unix: bool,
     pub max_pools_per_client: usize,
+    pub metrics: bool,
 }
 
 impl Default for Options {
@@ -42,6 +44,7 @@ impl Default for Options {
             client_lease: Duration::from_secs(300),
             unix: false,
             max_pools_per_client: 1024,
+            metrics: false,
         }
     }
 }
@@ -70,6 +73,9 @@ impl TestNode {
         config.handshake_timeout = options.handshake_timeout;
         config.client_lease = options.client_lease;
         config.max_pools_per_client = options.max_pools_per_client;
+        if options.metrics {
+            config.metrics = Some("127.0.0.1:0".parse().unwrap());
+        }
         let node = Arc::new(Node::new(engine, config, None));
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -82,13 +88,13 @@ impl TestNode {
                 .unwrap();
             runtime.block_on(async move {
                 let server = Server::start(serving).await.unwrap();
-                ready_tx.send(server.tcp_addr().unwrap()).unwrap();
+                ready_tx.send((server.tcp_addr().unwrap(), server.metrics_addr())).unwrap();
                 let _ = stop_rx.await;
                 server.shutdown().await;
             });
         });
-        let addr = ready_rx.recv_timeout(Duration::from_secs(10)).expect("node started");
-        TestNode { addr, unix, node, stop: Some(stop_tx), thread: Some(thread) }
+        let (addr, metrics) = ready_rx.recv_timeout(Duration::from_secs(10)).expect("node started");
+        TestNode { addr, metrics, unix, node, stop: Some(stop_tx), thread: Some(thread) }
     }
 
     /// A client config for this node with the right secret.
