@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use fallow_core::{check_batch, ObjectId, PageKey, PoolId, PoolSpec, PutOutcome, PAGE_SIZE};
+use fallow_core::{
+    check_batch, ObjectId, PageKey, PoolId, PoolSpec, PutOutcome, StoreError, PAGE_SIZE,
+};
 use fallow_proto::fallow::{Op, PageRef, Reply, Request, Status};
 use parking_lot::Mutex;
 
@@ -329,6 +331,47 @@ fn failure(reply: Reply, pool: Option<PoolId>) -> ClientError {
         },
         Reply::Error { status, message } => ClientError::Refused { status, message },
         other => ClientError::Protocol(format!("unexpected reply {other:?}")),
+    }
+}
+
+/// The async trait, so an NBD export can cache in nodes exactly as in the in-process
+/// engine. Errors become [`StoreError`]s (`Unavailable` for connection failures).
+#[async_trait::async_trait]
+impl fallow_core::AsyncPageStore for Client {
+    async fn create_pool(&self, spec: &PoolSpec) -> Result<PoolId, StoreError> {
+        Ok(Client::create_pool(self, spec).await?)
+    }
+
+    async fn destroy_pool(&self, pool: PoolId) -> Result<(), StoreError> {
+        Ok(Client::destroy_pool(self, pool).await?)
+    }
+
+    async fn put_many(
+        &self,
+        keys: &[PageKey],
+        pages: Bytes,
+    ) -> Result<Vec<PutOutcome>, StoreError> {
+        Ok(Client::put_many(self, keys, pages).await?)
+    }
+
+    async fn get_many(&self, keys: &[PageKey]) -> Result<Vec<Option<Bytes>>, StoreError> {
+        Ok(Client::get_many(self, keys).await?)
+    }
+
+    async fn take_many(&self, keys: &[PageKey]) -> Result<Vec<Option<Bytes>>, StoreError> {
+        Ok(Client::take_many(self, keys).await?)
+    }
+
+    async fn invalidate_pages(&self, keys: &[PageKey]) -> Result<(), StoreError> {
+        Ok(Client::invalidate_pages(self, keys).await?)
+    }
+
+    async fn invalidate_object(&self, pool: PoolId, object: ObjectId) -> Result<u64, StoreError> {
+        Ok(Client::invalidate_object(self, pool, object).await?)
+    }
+
+    async fn invalidate_pool(&self, pool: PoolId) -> Result<u64, StoreError> {
+        Ok(Client::invalidate_pool(self, pool).await?)
     }
 }
 

@@ -8,15 +8,19 @@
 //!
 //! # Components
 //! [`PageKey`] names a page; [`PoolSpec`] describes a pool to create; [`PageStore`] is the
-//! tmem operation set; [`StoreError`], [`PutOutcome`] and [`Lookup`] are its results.
+//! tmem operation set for synchronous callers, [`AsyncPageStore`] the same for async ones
+//! (an NBD server over a remote pool); [`StoreError`], [`PutOutcome`] and [`Lookup`] are
+//! their results.
 
 mod key;
 mod pool;
 mod store;
+mod store_async;
 
 pub use key::{ObjectId, PageIndex, PageKey, PoolId};
 pub use pool::{DedupScope, PoolKind, PoolSpec, Sharing, TrustDomain};
 pub use store::{check_batch, check_page, Lookup, NotStored, PageStore, PutOutcome, StoreError};
+pub use store_async::AsyncPageStore;
 
 /// The size of every page in a pool, in bytes. Fixed: the arena, the checksums, the wire
 /// protocol and the NBD cache all count in these units.

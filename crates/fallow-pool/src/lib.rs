@@ -35,6 +35,7 @@ mod compress;
 mod config;
 mod content;
 mod engine;
+mod engine_async;
 pub mod eviction;
 mod pools;
 mod prehashed;

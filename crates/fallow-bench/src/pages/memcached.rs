@@ -224,11 +224,17 @@ pub fn encode_get(keys: &[u64], buf: &mut BytesMut) {
 
 /// Appends one `set` of `page` under key id `key` (flags 0, no expiry).
 pub fn encode_set(key: u64, page: &[u8], buf: &mut BytesMut) {
-    buf.extend_from_slice(b"set ");
-    put_key(key, buf);
-    let _ = write!(buf, " 0 0 {}\r\n", page.len());
+    encode_set_header(key, page.len(), buf);
     buf.extend_from_slice(page);
     buf.extend_from_slice(b"\r\n");
+}
+
+/// Appends the command line of a `set` of `len` bytes under key id `key`; the caller
+/// appends the value and CRLF.
+fn encode_set_header(key: u64, len: usize, buf: &mut BytesMut) {
+    buf.extend_from_slice(b"set ");
+    put_key(key, buf);
+    let _ = write!(buf, " 0 0 {len}\r\n");
 }
 
 /// One request written and not yet answered.
@@ -306,11 +312,12 @@ async fn write_requests(
             match op {
                 Op::Get => encode_get(&keys, &mut buf),
                 Op::Put => {
-                    let mut page = Vec::with_capacity(PAGE);
+                    // The page is written straight into the request: one copy, as on
+                    // the fallow side.
                     for &k in &keys {
-                        page.clear();
-                        gen.values.write(k, &mut page);
-                        encode_set(k, &page, &mut buf);
+                        encode_set_header(k, PAGE, &mut buf);
+                        gen.values.write(k, &mut buf);
+                        buf.extend_from_slice(b"\r\n");
                     }
                 }
             }

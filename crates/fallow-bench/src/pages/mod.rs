@@ -160,6 +160,9 @@ impl PagesOptions {
         if self.queue_depth == 0 || self.queue_depth > MAX_QUEUE_DEPTH {
             return bad(format!("queue depth must be 1 to {MAX_QUEUE_DEPTH}"));
         }
+        if self.connections * self.queue_depth > MAX_IN_FLIGHT {
+            return bad(format!("connections x queue depth must be at most {MAX_IN_FLIGHT}"));
+        }
         if self.batch == 0 || self.batch > MAX_BATCH {
             return bad(format!("batch must be 1 to {MAX_BATCH} pages"));
         }
@@ -181,6 +184,9 @@ impl PagesOptions {
 pub const MAX_CONNECTIONS: usize = 256;
 /// See [`MAX_CONNECTIONS`].
 pub const MAX_QUEUE_DEPTH: usize = 1024;
+/// The most requests in flight over all connections (each has its own latency histogram
+/// on the fallow side).
+pub const MAX_IN_FLIGHT: usize = 4096;
 /// The largest batch: fallow's largest frame carries 256 pages.
 pub const MAX_BATCH: usize = 256;
 
@@ -210,4 +216,42 @@ pub enum PagesError {
     /// In-flight requests were not answered in time.
     #[error("no reply within {0:?}")]
     Stalled(Duration),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_parse_and_print() {
+        let mc: Target = "memcached://127.0.0.1:11211".parse().unwrap();
+        assert_eq!(mc, Target::Memcached { addr: "127.0.0.1:11211".into() });
+        assert_eq!(mc.to_string(), "memcached://127.0.0.1:11211");
+        let node: Target = "fallow://unix:/run/f.sock".parse().unwrap();
+        assert_eq!(node, Target::Fallow { addr: "unix:/run/f.sock".into() });
+        assert_eq!(node.kind(), "fallow");
+        for bad in ["127.0.0.1:1", "redis://h:1", "fallow://", ""] {
+            assert!(bad.parse::<Target>().is_err(), "{bad:?} parsed");
+        }
+    }
+
+    #[test]
+    fn options_are_validated() {
+        let ok = PagesOptions::new(Target::Memcached { addr: "h:1".into() });
+        assert!(ok.validate().is_ok());
+        let broken: [fn(&mut PagesOptions); 7] = [
+            |o| o.connections = 0,
+            |o| o.queue_depth = MAX_QUEUE_DEPTH + 1,
+            |o| (o.connections, o.queue_depth) = (MAX_CONNECTIONS, MAX_QUEUE_DEPTH),
+            |o| o.batch = MAX_BATCH + 1,
+            |o| o.duration = Duration::ZERO,
+            |o| o.keys = 0,
+            |o| o.target = Target::Fallow { addr: "h:1".into() },
+        ];
+        for (i, breaks) in broken.iter().enumerate() {
+            let mut o = ok.clone();
+            breaks(&mut o);
+            assert!(matches!(o.validate(), Err(PagesError::Options(_))), "case {i}");
+        }
+    }
 }
