@@ -4,5 +4,8 @@
 //!
 //! # Components
 //! [`fallow`]: the node protocol (`docs/protocol.md` is its normative specification).
+//! [`nbd`]: the NBD protocol, fixed-newstyle handshake and transmission, for the server
+//! and for the upstream client (NetworkBlockDevice/nbd `doc/proto.md` is normative).
 
 pub mod fallow;
+pub mod nbd;

@@ -64,8 +64,8 @@ pub use option_reply::{
     decode_option_reply, BlockSize, Info, OptionReply, RawOptionReply, RepError,
 };
 pub use reply::{
-    decode_reply, encode_chunk_header, encode_offset_data_header, Chunk, ChunkBody, Extent,
-    Reply, SimpleReply,
+    decode_reply, encode_chunk_header, encode_offset_data_header, Chunk, ChunkBody, Extent, Reply,
+    SimpleReply,
 };
 pub use request::{decode_request, decode_request_with_payload, take_payload, Cmd, Request};
 
@@ -104,7 +104,7 @@ pub const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
 /// `IHAVEOPT`: follows `NBDMAGIC` in a newstyle greeting, and starts every option request.
 pub const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
 /// `cliserv_magic`: follows `NBDMAGIC` in an oldstyle greeting, which this crate refuses.
-pub const CLISERV_MAGIC: u64 = 0x0042_0281_8612_53;
+pub const CLISERV_MAGIC: u64 = 0x0000_4202_8186_1253;
 /// The magic of every option reply (`0x3e889045565a9`; libnbd's `NBD_REP_MAGIC`).
 pub const NBD_REP_MAGIC: u64 = 0x0003_e889_0455_65a9;
 /// The magic of a transmission request.

@@ -1,0 +1,153 @@
+//! The local tier: clean pages kept in this process, in front of the pool. A CLOCK of
+//! fixed capacity (one reference bit per page): cheap, scan-tolerant enough for a first
+//! tier, and it reports the page it evicts so that exclusive mode can hand it to the pool.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+
+#[derive(Debug)]
+struct Slot {
+    page: u64,
+    data: Bytes,
+    referenced: bool,
+}
+
+#[derive(Debug, Default)]
+struct Clock {
+    index: HashMap<u64, usize>,
+    slots: Vec<Slot>,
+    hand: usize,
+}
+
+/// Up to `capacity` pages. Capacity 0 holds nothing.
+#[derive(Debug)]
+pub struct LocalTier {
+    capacity: usize,
+    /// The clock. A `parking_lot` mutex: held for a map operation and a 4 KiB `Bytes`
+    /// clone (a reference count), never across `.await`.
+    clock: Mutex<Clock>,
+}
+
+impl LocalTier {
+    /// A tier of `capacity` pages.
+    pub fn new(capacity: usize) -> Self {
+        Self { capacity, clock: Mutex::new(Clock::default()) }
+    }
+
+    /// The capacity in pages.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Pages held.
+    pub fn len(&self) -> usize {
+        self.clock.lock().slots.len()
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The page, if held (and marks it referenced).
+    pub fn get(&self, page: u64) -> Option<Bytes> {
+        let mut clock = self.clock.lock();
+        let slot = *clock.index.get(&page)?;
+        let s = &mut clock.slots[slot];
+        s.referenced = true;
+        Some(s.data.clone())
+    }
+
+    /// Inserts or replaces a page; returns the page evicted to make room, if any.
+    pub fn insert(&self, page: u64, data: Bytes) -> Option<(u64, Bytes)> {
+        if self.capacity == 0 {
+            return Some((page, data));
+        }
+        let mut clock = self.clock.lock();
+        if let Some(&slot) = clock.index.get(&page) {
+            clock.slots[slot] = Slot { page, data, referenced: true };
+            return None;
+        }
+        if clock.slots.len() < self.capacity {
+            let slot = clock.slots.len();
+            clock.slots.push(Slot { page, data, referenced: false });
+            clock.index.insert(page, slot);
+            return None;
+        }
+        // Sweep: clear reference bits until an unreferenced page comes under the hand.
+        loop {
+            let hand = clock.hand;
+            clock.hand = (hand + 1) % clock.slots.len();
+            if std::mem::take(&mut clock.slots[hand].referenced) {
+                continue;
+            }
+            let old =
+                std::mem::replace(&mut clock.slots[hand], Slot { page, data, referenced: false });
+            clock.index.remove(&old.page);
+            clock.index.insert(page, hand);
+            return Some((old.page, old.data));
+        }
+    }
+
+    /// Removes a page (invalidation, or a take in exclusive mode); returns it.
+    pub fn remove(&self, page: u64) -> Option<Bytes> {
+        let mut clock = self.clock.lock();
+        let slot = clock.index.remove(&page)?;
+        let last = clock.slots.len() - 1;
+        let removed = clock.slots.swap_remove(slot);
+        if slot != last {
+            let moved = clock.slots[slot].page;
+            clock.index.insert(moved, slot);
+        }
+        if clock.hand >= clock.slots.len() {
+            clock.hand = 0;
+        }
+        Some(removed.data)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn b(x: u8) -> Bytes {
+        Bytes::from(vec![x; 8])
+    }
+
+    #[test]
+    fn holds_capacity_and_evicts_unreferenced_first() {
+        let tier = LocalTier::new(3);
+        for p in 0..3 {
+            assert_eq!(tier.insert(p, b(p as u8)), None);
+        }
+        assert!(tier.get(0).is_some()); // referenced: survives one sweep
+        let (evicted, _) = tier.insert(3, b(3)).unwrap();
+        assert_eq!(evicted, 1);
+        assert_eq!(tier.len(), 3);
+        assert!(tier.get(1).is_none());
+        assert_eq!(tier.get(3).unwrap(), b(3));
+    }
+
+    #[test]
+    fn remove_and_replace_keep_the_index_right() {
+        let tier = LocalTier::new(4);
+        for p in 0..4 {
+            let _ = tier.insert(p, b(p as u8));
+        }
+        assert_eq!(tier.remove(1).unwrap(), b(1));
+        assert_eq!(tier.remove(1), None);
+        assert_eq!(tier.get(3).unwrap(), b(3), "the moved slot is still found");
+        assert_eq!(tier.insert(0, b(9)), None, "a replace, not an insert");
+        assert_eq!(tier.get(0).unwrap(), b(9));
+        assert_eq!(tier.len(), 3);
+    }
+
+    #[test]
+    fn capacity_zero_passes_everything_through() {
+        let tier = LocalTier::new(0);
+        assert_eq!(tier.insert(5, b(5)), Some((5, b(5))));
+        assert!(tier.get(5).is_none());
+    }
+}

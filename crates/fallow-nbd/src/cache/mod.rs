@@ -1,0 +1,567 @@
+//! The cache layer of an export: reads go local tier → pool → backing store and populate
+//! the tiers on the way back; writes go to the backing store first (write-through) and then
+//! update or invalidate every cached copy, so that no reader, on any connection, sees stale
+//! data. `docs/nbd.md` describes the modes; `coherence.rs` the rule that makes the
+//! "no stale data" promise hold when reads and writes race.
+//!
+//! ```text
+//!  read(offset, len)                                  write(offset, data)
+//!   ├─ local tier (this process, CLOCK) ─ hit          ├─ mark stripes written
+//!   ├─ pool (AsyncPageStore: engine or nodes) ─ hit    ├─ backing store write (FUA as asked)
+//!   │     exclusive: take, inclusive: get              ├─ gates: local updated/removed,
+//!   └─ backing store, whole pages                      │         pool copies invalidated
+//!        populate local (and pool when inclusive,      └─ acknowledge
+//!        or when there is no local tier)
+//!  local tier eviction (exclusive) ─▶ demoter task ─▶ pool put, batched, off the request path
+//! ```
+//!
+//! A pool that fails is never an error for the client: a failed lookup is a miss, a failed
+//! populate is skipped. A failed invalidation is the one dangerous case (a stale copy may
+//! remain in the pool), so the pool is then distrusted, reads skip it, and a background task
+//! invalidates the export's whole object in the pool before trusting it again.
+//!
+//! # Components
+//! [`split`]: byte ranges into page pieces. [`coherence`]: the race rule. [`local`]: the
+//! local tier. [`CacheLayer`]: all of it over one backing store.
+
+pub mod coherence;
+pub mod local;
+pub mod split;
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use fallow_backing::BackingStore;
+use fallow_core::{AsyncPageStore, ObjectId, PageKey, PoolId, PutOutcome, PAGE_SIZE};
+use tokio::sync::mpsc;
+
+use coherence::{Coherence, Ticket};
+use local::LocalTier;
+use split::{pieces, Piece};
+
+const PAGE: u64 = PAGE_SIZE as u64;
+
+/// Pages demoted to the pool per batch.
+const DEMOTE_BATCH: usize = 64;
+
+/// Demotions waiting for the pool; beyond this they are dropped (the pages are clean).
+const DEMOTE_QUEUE: usize = 4096;
+
+/// How the local tier and the pool share pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// A page lives in one tier: a pool hit moves it to the local tier (take), and a page
+    /// evicted from the local tier is put into the pool, in the background.
+    Exclusive,
+    /// The pool keeps its copy; pages read from the store go into both tiers.
+    Inclusive,
+}
+
+/// The pool behind the local tier: a store, the pool in it, and the object id under which
+/// this export's pages are kept (page number = page index).
+#[derive(Clone)]
+pub struct PoolTier {
+    /// The engine in this process, or nodes through the client library.
+    pub store: Arc<dyn AsyncPageStore>,
+    /// The pool (ephemeral: a clean-page cache).
+    pub pool: PoolId,
+    /// This export's object in the pool.
+    pub object: ObjectId,
+}
+
+impl std::fmt::Debug for PoolTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolTier").field("pool", &self.pool).field("object", &self.object).finish()
+    }
+}
+
+/// Settings of one export's cache.
+#[derive(Debug, Clone)]
+pub struct CacheConfig {
+    /// Pages in the local tier (0: none).
+    pub local_pages: usize,
+    /// Exclusive or inclusive.
+    pub mode: Mode,
+    /// Reads of at least this many bytes are served from the caches when they hit but do
+    /// not populate them: a large sequential scan would otherwise flush the working set.
+    pub scan_bytes: u32,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        Self { local_pages: 0, mode: Mode::Exclusive, scan_bytes: 1 << 20 }
+    }
+}
+
+/// Counters of one export's cache.
+#[derive(Debug, Default)]
+pub struct CacheStats {
+    /// Pages found in the local tier.
+    pub local_hits: AtomicU64,
+    /// Pages found in the pool.
+    pub pool_hits: AtomicU64,
+    /// Pages read from the backing store.
+    pub misses: AtomicU64,
+    /// Reads sent to the backing store.
+    pub backing_reads: AtomicU64,
+    /// Pages put into the pool (populate or demotion).
+    pub pool_puts: AtomicU64,
+    /// Pool operations that failed (each was treated as a miss or skipped).
+    pub pool_errors: AtomicU64,
+    /// Pages not cached because a write raced with the read that fetched them.
+    pub populate_skipped: AtomicU64,
+    /// Demotions dropped because the queue to the pool was full.
+    pub demotions_dropped: AtomicU64,
+}
+
+struct Shared {
+    backing: Arc<dyn BackingStore>,
+    local: LocalTier,
+    pool: Option<PoolTier>,
+    /// False after an invalidation in the pool failed: reads skip the pool until the
+    /// export's object has been invalidated there.
+    pool_trusted: AtomicBool,
+    /// Counts distrust events, so a recovery that raced with a new failure does not
+    /// restore trust.
+    distrust_epoch: AtomicU64,
+    coherence: Coherence,
+    config: CacheConfig,
+    /// Pages wholly inside the export: only these are cached.
+    whole_pages: u64,
+    stats: CacheStats,
+    demote: Option<mpsc::Sender<(u64, Bytes, Ticket)>>,
+}
+
+/// One export's cache over its backing store. Cheap to share (`Arc` inside); every
+/// connection of the export uses the same one, which is what keeps them coherent.
+#[derive(Clone)]
+pub struct CacheLayer {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for CacheLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CacheLayer")
+            .field("backing", &self.shared.backing)
+            .field("pool", &self.shared.pool)
+            .field("config", &self.shared.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CacheLayer {
+    /// A cache over `backing`, with an optional pool behind the local tier. Starts the
+    /// demoter (exclusive mode with both tiers) and the pool's trust keeper on the current
+    /// tokio runtime.
+    pub fn new(
+        backing: Arc<dyn BackingStore>,
+        pool: Option<PoolTier>,
+        config: CacheConfig,
+    ) -> Self {
+        let demoting = pool.is_some() && config.mode == Mode::Exclusive && config.local_pages > 0;
+        let (demote, demotions) = if demoting {
+            let (tx, rx) = mpsc::channel(DEMOTE_QUEUE);
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+        let shared = Arc::new(Shared {
+            whole_pages: backing.size() / PAGE,
+            backing,
+            local: LocalTier::new(config.local_pages),
+            pool,
+            pool_trusted: AtomicBool::new(true),
+            distrust_epoch: AtomicU64::new(0),
+            coherence: Coherence::new(),
+            config,
+            stats: CacheStats::default(),
+            demote,
+        });
+        if let Some(rx) = demotions {
+            tokio::spawn(demoter(Arc::downgrade(&shared), rx));
+        }
+        if shared.pool.is_some() {
+            tokio::spawn(trust_keeper(Arc::downgrade(&shared)));
+        }
+        CacheLayer { shared }
+    }
+
+    /// The backing store.
+    pub fn backing(&self) -> &Arc<dyn BackingStore> {
+        &self.shared.backing
+    }
+
+    /// The export's size in bytes.
+    pub fn size(&self) -> u64 {
+        self.shared.backing.size()
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> &CacheStats {
+        &self.shared.stats
+    }
+
+    /// Pages in the local tier.
+    pub fn local_pages(&self) -> usize {
+        self.shared.local.len()
+    }
+
+    /// False while the pool is skipped after a failed invalidation.
+    pub fn pool_trusted(&self) -> bool {
+        self.shared.pool_trusted.load(Relaxed)
+    }
+
+    fn keys(&self, pool: &PoolTier, pages: &[u64]) -> Vec<PageKey> {
+        pages.iter().map(|p| PageKey::new(pool.pool, pool.object, *p)).collect()
+    }
+
+    /// Reads `len` bytes at `offset` (the caller has checked the range).
+    pub async fn read(&self, offset: u64, len: u32) -> io::Result<Bytes> {
+        let s = &*self.shared;
+        let pieces: Vec<Piece> = pieces(offset, len as u64).collect();
+        let mut out = BytesMut::zeroed(len as usize);
+        let mut at = Vec::with_capacity(pieces.len()); // output offset of each piece
+        let mut next = 0;
+        for p in &pieces {
+            at.push(next);
+            next += p.len();
+        }
+        let populate = len < s.config.scan_bytes;
+        let copy = |out: &mut BytesMut, i: usize, page: &[u8]| {
+            let p = &pieces[i];
+            out[at[i]..at[i] + p.len()].copy_from_slice(&page[p.start..p.end]);
+        };
+
+        // Local tier; tickets for what it lacks, taken before any other tier is asked.
+        let mut missing: Vec<usize> = Vec::new();
+        let mut tickets: Vec<Option<Ticket>> = vec![None; pieces.len()];
+        for (i, p) in pieces.iter().enumerate() {
+            if p.page < s.whole_pages {
+                if let Some(page) = s.local.get(p.page) {
+                    copy(&mut out, i, &page);
+                    s.stats.local_hits.fetch_add(1, Relaxed);
+                    continue;
+                }
+                tickets[i] = s.coherence.ticket(p.page);
+            }
+            missing.push(i);
+        }
+
+        // The pool.
+        let mut from_pool: Vec<(usize, Bytes)> = Vec::new();
+        if let Some(pool) = s.pool.as_ref().filter(|_| s.pool_trusted.load(Relaxed)) {
+            let asked: Vec<usize> =
+                missing.iter().copied().filter(|i| pieces[*i].page < s.whole_pages).collect();
+            if !asked.is_empty() {
+                let pages: Vec<u64> = asked.iter().map(|i| pieces[*i].page).collect();
+                let keys = self.keys(pool, &pages);
+                // Taking moves the page here; without a local tier to hold it, that would
+                // lose it, so take only when there is one.
+                let take = s.config.mode == Mode::Exclusive && s.config.local_pages > 0 && populate;
+                let found = if take {
+                    pool.store.take_many(&keys).await
+                } else {
+                    pool.store.get_many(&keys).await
+                };
+                match found {
+                    Ok(found) => {
+                        for (i, page) in asked.iter().zip(found) {
+                            if let Some(page) = page {
+                                copy(&mut out, *i, &page);
+                                from_pool.push((*i, page));
+                            }
+                        }
+                        s.stats.pool_hits.fetch_add(from_pool.len() as u64, Relaxed);
+                        missing.retain(|i| !from_pool.iter().any(|(j, _)| j == i));
+                    }
+                    Err(err) => {
+                        s.stats.pool_errors.fetch_add(1, Relaxed);
+                        tracing::debug!(%err, "pool lookup failed; reading from the backing store");
+                    }
+                }
+            }
+        }
+
+        // The backing store, in runs of consecutive pages, whole pages where they are
+        // cacheable.
+        let mut from_store: Vec<(usize, Bytes)> = Vec::new();
+        let mut run_start = 0;
+        while run_start < missing.len() {
+            let mut run_end = run_start + 1;
+            while run_end < missing.len()
+                && pieces[missing[run_end]].page == pieces[missing[run_end - 1]].page + 1
+            {
+                run_end += 1;
+            }
+            let first = &pieces[missing[run_start]];
+            let last = &pieces[missing[run_end - 1]];
+            let start = first.page * PAGE;
+            let end = ((last.page + 1) * PAGE).min(s.backing.size());
+            let data = s.backing.read(start, (end - start) as u32).await?;
+            s.stats.backing_reads.fetch_add(1, Relaxed);
+            for &i in &missing[run_start..run_end] {
+                let p = &pieces[i];
+                let from = ((p.page * PAGE) - start) as usize;
+                let page_end = (from + PAGE_SIZE).min(data.len());
+                let page = data.slice(from..page_end);
+                copy(&mut out, i, &page);
+                if p.page < s.whole_pages {
+                    from_store.push((i, page));
+                }
+            }
+            s.stats.misses.fetch_add((run_end - run_start) as u64, Relaxed);
+            run_start = run_end;
+        }
+
+        if populate {
+            self.populate(&pieces, &tickets, from_pool, from_store).await;
+        }
+        Ok(out.freeze())
+    }
+
+    /// Puts what a read fetched into the tiers, for the pages whose tickets are still
+    /// valid. Pool hits go to the local tier; store reads go to the local tier and, when
+    /// inclusive or without a local tier, to the pool.
+    async fn populate(
+        &self,
+        pieces: &[Piece],
+        tickets: &[Option<Ticket>],
+        from_pool: Vec<(usize, Bytes)>,
+        from_store: Vec<(usize, Bytes)>,
+    ) {
+        let s = &*self.shared;
+        let wanted: Vec<Ticket> =
+            from_pool.iter().chain(from_store.iter()).filter_map(|(i, _)| tickets[*i]).collect();
+        if wanted.is_empty() {
+            s.stats
+                .populate_skipped
+                .fetch_add((from_pool.len() + from_store.len()) as u64, Relaxed);
+            return;
+        }
+        let (_gates, valid) = s.coherence.admit(&wanted).await;
+        let ok = |i: usize| tickets[i].is_some_and(|t| valid.contains(&t));
+        let skipped = from_pool.len() + from_store.len() - valid.len();
+        s.stats.populate_skipped.fetch_add(skipped as u64, Relaxed);
+        let local = s.config.local_pages > 0;
+        for (i, page) in from_pool.iter().chain(from_store.iter()) {
+            if local && ok(*i) {
+                self.keep_local(pieces[*i].page, page.clone(), tickets[*i]);
+            }
+        }
+        let to_pool = s.config.mode == Mode::Inclusive || !local;
+        if let (true, Some(pool)) = (to_pool, s.pool.as_ref()) {
+            let pages: Vec<(u64, &Bytes)> = from_store
+                .iter()
+                .filter(|(i, _)| ok(*i))
+                .map(|(i, b)| (pieces[*i].page, b))
+                .collect();
+            if !pages.is_empty() && s.pool_trusted.load(Relaxed) {
+                let keys = self.keys(pool, &pages.iter().map(|(p, _)| *p).collect::<Vec<_>>());
+                let mut data = BytesMut::with_capacity(pages.len() * PAGE_SIZE);
+                for (_, b) in &pages {
+                    data.extend_from_slice(b);
+                }
+                match pool.store.put_many(&keys, data.freeze()).await {
+                    Ok(outcomes) => {
+                        let stored = outcomes.iter().filter(|o| **o == PutOutcome::Stored).count();
+                        s.stats.pool_puts.fetch_add(stored as u64, Relaxed);
+                    }
+                    Err(err) => {
+                        s.stats.pool_errors.fetch_add(1, Relaxed);
+                        tracing::debug!(%err, "pool populate failed");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Inserts into the local tier; an evicted page goes to the demoter (exclusive mode).
+    fn keep_local(&self, page: u64, data: Bytes, _ticket: Option<Ticket>) {
+        let s = &*self.shared;
+        if let Some((evicted, bytes)) = s.local.insert(page, data) {
+            if let Some(demote) = &s.demote {
+                // The evicted page was valid while in the tier; its ticket now guards the
+                // trip to the pool against a write that starts meanwhile.
+                match s.coherence.ticket(evicted) {
+                    Some(ticket) => {
+                        if demote.try_send((evicted, bytes, ticket)).is_err() {
+                            s.stats.demotions_dropped.fetch_add(1, Relaxed);
+                        }
+                    }
+                    None => {
+                        s.stats.populate_skipped.fetch_add(1, Relaxed);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes through to the backing store, then updates the local tier (whole pages) and
+    /// invalidates other copies. Acknowledge only after this returns `Ok`.
+    pub async fn write(&self, offset: u64, data: Bytes, fua: bool) -> io::Result<()> {
+        let s = &*self.shared;
+        let pieces: Vec<Piece> = pieces(offset, data.len() as u64).collect();
+        let guard = s.coherence.begin_write(pieces.iter().map(|p| p.page));
+        let written = s.backing.write(offset, data.clone(), fua).await;
+        let gates = guard.gates().await;
+        // Even a failed write may have changed part of the range: drop every copy then.
+        let mut at = 0;
+        let mut replace = Vec::new();
+        let mut invalidate = Vec::new();
+        for p in &pieces {
+            if p.page < s.whole_pages {
+                if p.is_whole() && written.is_ok() && s.config.local_pages > 0 {
+                    replace.push((p.page, data.slice(at..at + PAGE_SIZE)));
+                } else {
+                    s.local.remove(p.page);
+                }
+                invalidate.push(p.page);
+            }
+            at += p.len();
+        }
+        for (page, bytes) in replace {
+            // Evictions here go to the demoter with no ticket for pages of this write's
+            // stripes: those are dropped, never demoted stale.
+            self.keep_local(page, bytes, None);
+        }
+        self.invalidate_in_pool(&invalidate).await;
+        gates.finish();
+        written
+    }
+
+    /// Removes cached copies of whole pages in the pool; on failure, distrusts the pool.
+    async fn invalidate_in_pool(&self, pages: &[u64]) {
+        let s = &*self.shared;
+        let Some(pool) = &s.pool else { return };
+        if pages.is_empty() {
+            return;
+        }
+        if let Err(err) = pool.store.invalidate_pages(&self.keys(pool, pages)).await {
+            s.stats.pool_errors.fetch_add(1, Relaxed);
+            s.distrust_epoch.fetch_add(1, Relaxed);
+            if s.pool_trusted.swap(false, Relaxed) {
+                tracing::warn!(%err, "could not invalidate pages in the pool; skipping the pool until it is cleared");
+            }
+        }
+    }
+
+    /// Makes every completed write durable.
+    pub async fn flush(&self) -> io::Result<()> {
+        self.shared.backing.flush().await
+    }
+
+    /// Discards a range in the backing store and drops its cached copies.
+    pub async fn trim(&self, offset: u64, len: u32) -> io::Result<()> {
+        self.discard(offset, len, |b| Box::pin(async move { b.backing.trim(offset, len).await }))
+            .await
+    }
+
+    /// Zeroes a range in the backing store and drops its cached copies.
+    pub async fn write_zeroes(&self, offset: u64, len: u32, may_trim: bool) -> io::Result<()> {
+        self.discard(offset, len, |b| {
+            Box::pin(async move { b.backing.write_zeroes(offset, len, may_trim).await })
+        })
+        .await
+    }
+
+    async fn discard<F>(&self, offset: u64, len: u32, op: F) -> io::Result<()>
+    where
+        F: for<'a> FnOnce(&'a Shared) -> futures::future::BoxFuture<'a, io::Result<()>>,
+    {
+        let s = &*self.shared;
+        let pages: Vec<u64> = pieces(offset, len as u64).map(|p| p.page).collect();
+        let guard = s.coherence.begin_write(pages.iter().copied());
+        let result = op(s).await;
+        let gates = guard.gates().await;
+        let cached: Vec<u64> = pages.into_iter().filter(|p| *p < s.whole_pages).collect();
+        for page in &cached {
+            s.local.remove(*page);
+        }
+        self.invalidate_in_pool(&cached).await;
+        gates.finish();
+        result
+    }
+
+    /// Reads a range into the caches (the NBD CACHE command), returning nothing.
+    pub async fn prefetch(&self, offset: u64, len: u32) -> io::Result<()> {
+        // Chunks below the scan threshold, so that a prefetch does populate.
+        let chunk = (self.shared.config.scan_bytes / 2).max(PAGE as u32);
+        let mut at = offset;
+        let end = offset + len as u64;
+        while at < end {
+            let n = (end - at).min(chunk as u64) as u32;
+            self.read(at, n).await?;
+            at += n as u64;
+        }
+        Ok(())
+    }
+}
+
+/// Moves pages evicted from the local tier into the pool, in batches, off the request
+/// path. Stops when the cache is dropped.
+async fn demoter(cache: std::sync::Weak<Shared>, mut rx: mpsc::Receiver<(u64, Bytes, Ticket)>) {
+    let mut batch = Vec::with_capacity(DEMOTE_BATCH);
+    while let Some(first) = rx.recv().await {
+        batch.push(first);
+        while batch.len() < DEMOTE_BATCH {
+            match rx.try_recv() {
+                Ok(item) => batch.push(item),
+                Err(_) => break,
+            }
+        }
+        let Some(s) = cache.upgrade() else { return };
+        let Some(pool) = &s.pool else { return };
+        if s.pool_trusted.load(Relaxed) {
+            let tickets: Vec<Ticket> = batch.iter().map(|(_, _, t)| *t).collect();
+            let (_gates, valid) = s.coherence.admit(&tickets).await;
+            let items: Vec<&(u64, Bytes, Ticket)> =
+                batch.iter().filter(|(_, _, t)| valid.contains(t)).collect();
+            if !items.is_empty() {
+                let keys: Vec<PageKey> = items
+                    .iter()
+                    .map(|(p, _, _)| PageKey::new(pool.pool, pool.object, *p))
+                    .collect();
+                let mut data = BytesMut::with_capacity(items.len() * PAGE_SIZE);
+                for (_, b, _) in &items {
+                    data.extend_from_slice(b);
+                }
+                match pool.store.put_many(&keys, data.freeze()).await {
+                    Ok(outcomes) => {
+                        let stored = outcomes.iter().filter(|o| **o == PutOutcome::Stored).count();
+                        s.stats.pool_puts.fetch_add(stored as u64, Relaxed);
+                    }
+                    Err(err) => {
+                        s.stats.pool_errors.fetch_add(1, Relaxed);
+                        tracing::debug!(%err, "demotion to the pool failed");
+                    }
+                }
+            }
+        }
+        batch.clear();
+    }
+}
+
+/// Restores trust in the pool after a failed invalidation, by invalidating the export's
+/// whole object there. Stops when the cache is dropped.
+async fn trust_keeper(cache: std::sync::Weak<Shared>) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let Some(s) = cache.upgrade() else { return };
+        if s.pool_trusted.load(Relaxed) {
+            continue;
+        }
+        let Some(pool) = &s.pool else { return };
+        let epoch = s.distrust_epoch.load(Relaxed);
+        match pool.store.invalidate_object(pool.pool, pool.object).await {
+            Ok(n) if s.distrust_epoch.load(Relaxed) == epoch => {
+                s.pool_trusted.store(true, Relaxed);
+                tracing::info!(pages = n, "pool cleared of this export's pages; using it again");
+            }
+            Ok(_) => {} // another failure meanwhile: clear again next round
+            Err(err) => tracing::debug!(%err, "pool still unavailable"),
+        }
+    }
+}
