@@ -1,0 +1,235 @@
+//! The cache layer against a model, and against races: whatever the tiers hold, a read
+//! returns what the backing store holds, and a read that starts after a write was
+//! acknowledged never returns the older data.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use fallow_backing::{BackingStore, Capabilities, MemStore};
+use fallow_core::{AsyncPageStore, PoolSpec, PAGE_SIZE};
+use fallow_nbd::cache::{CacheConfig, CacheLayer, Mode, PoolTier};
+use fallow_pool::{Engine, EngineBuilder};
+use proptest::prelude::*;
+
+const SIZE: u64 = 64 * PAGE_SIZE as u64 + 1000; // a partial last page on purpose
+
+async fn pool_tier() -> PoolTier {
+    let engine = Arc::new(Engine::new(EngineBuilder::new(1 << 20).compress_interval(None).build().unwrap()));
+    let pool = engine.create_pool(&PoolSpec::ephemeral()).await.unwrap();
+    PoolTier { store: engine, pool, object: 1 }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Read(u64, u32),
+    Write(u64, u32, u8),
+    Zero(u64, u32),
+    Trim(u64, u32),
+}
+
+fn range() -> impl Strategy<Value = (u64, u32)> {
+    (0..SIZE, 1u32..(6 * PAGE_SIZE as u32)).prop_map(|(o, l)| (o, l.min((SIZE - o) as u32).max(1)))
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        5 => range().prop_map(|(o, l)| Op::Read(o, l)),
+        3 => (range(), any::<u8>()).prop_map(|((o, l), b)| Op::Write(o, l, b)),
+        1 => range().prop_map(|(o, l)| Op::Zero(o, l)),
+        1 => range().prop_map(|(o, l)| Op::Trim(o, l)),
+    ]
+}
+
+async fn run(ops: Vec<Op>, mode: Mode, local_pages: usize, pool: bool) {
+    let backing = Arc::new(MemStore::new(SIZE));
+    let pool = if pool { Some(pool_tier().await) } else { None };
+    let config = CacheConfig { local_pages, mode, scan_bytes: 3 * PAGE_SIZE as u32 };
+    let cache = CacheLayer::new(backing, pool, config);
+    let mut model = vec![0u8; SIZE as usize];
+    for op in &ops {
+        match *op {
+            Op::Read(o, l) => {
+                let got = cache.read(o, l).await.unwrap();
+                assert_eq!(&got[..], &model[o as usize..o as usize + l as usize], "{op:?} in {ops:?}");
+            }
+            Op::Write(o, l, b) => {
+                cache.write(o, Bytes::from(vec![b; l as usize]), false).await.unwrap();
+                model[o as usize..o as usize + l as usize].fill(b);
+            }
+            Op::Zero(o, l) | Op::Trim(o, l) => {
+                if matches!(op, Op::Zero(..)) {
+                    cache.write_zeroes(o, l, false).await.unwrap();
+                } else {
+                    cache.trim(o, l).await.unwrap(); // MemStore trims read as zeros
+                }
+                model[o as usize..o as usize + l as usize].fill(0);
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn reads_always_return_what_the_store_holds(
+        ops in prop::collection::vec(op(), 1..60),
+        exclusive in any::<bool>(),
+        local_pages in prop_oneof![Just(0usize), Just(4), Just(32)],
+        pool in any::<bool>(),
+    ) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let mode = if exclusive { Mode::Exclusive } else { Mode::Inclusive };
+        rt.block_on(run(ops, mode, local_pages, pool));
+    }
+}
+
+/// A store whose reads take a while, so that reads and writes overlap.
+#[derive(Debug)]
+struct SlowStore(MemStore);
+
+#[async_trait]
+impl BackingStore for SlowStore {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.0.capabilities()
+    }
+    async fn read(&self, offset: u64, len: u32) -> std::io::Result<Bytes> {
+        let data = self.0.read(offset, len).await?;
+        tokio::time::sleep(Duration::from_micros(300)).await;
+        Ok(data)
+    }
+    async fn write(&self, offset: u64, data: Bytes, fua: bool) -> std::io::Result<()> {
+        tokio::time::sleep(Duration::from_micros(100)).await;
+        self.0.write(offset, data, fua).await
+    }
+    async fn flush(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    async fn trim(&self, offset: u64, len: u32) -> std::io::Result<()> {
+        self.0.trim(offset, len).await
+    }
+    async fn write_zeroes(&self, offset: u64, len: u32, may_trim: bool) -> std::io::Result<()> {
+        self.0.write_zeroes(offset, len, may_trim).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_read_after_an_acknowledged_write_sees_older_data() {
+    for mode in [Mode::Exclusive, Mode::Inclusive] {
+        let backing = Arc::new(SlowStore(MemStore::new(8 * PAGE_SIZE as u64)));
+        let config = CacheConfig { local_pages: 2, mode, scan_bytes: 1 << 20 };
+        let cache = CacheLayer::new(backing, Some(pool_tier().await), config);
+        // Pages 0..4 each hold a version number; each page has one writer (concurrent
+        // writes to one page have no order), which bumps it; readers check that they see
+        // at least the version acknowledged before they started.
+        let acked: Arc<Vec<AtomicU64>> = Arc::new((0..4).map(|_| AtomicU64::new(0)).collect());
+        let mut tasks = Vec::new();
+        for w in 0..2u64 {
+            let (cache, acked) = (cache.clone(), acked.clone());
+            tasks.push(tokio::spawn(async move {
+                for round in 1..=150u64 {
+                    let page = w + 2 * (round % 2);
+                    let version = round;
+                    let mut data = vec![0u8; PAGE_SIZE];
+                    data[..8].copy_from_slice(&version.to_le_bytes());
+                    cache.write(page * PAGE_SIZE as u64, Bytes::from(data), false).await.unwrap();
+                    acked[page as usize].fetch_max(version, Ordering::SeqCst);
+                }
+            }));
+        }
+        for r in 0..4u64 {
+            let (cache, acked) = (cache.clone(), acked.clone());
+            tasks.push(tokio::spawn(async move {
+                for i in 0..300u64 {
+                    let page = (i + r) % 4;
+                    let floor = acked[page as usize].load(Ordering::SeqCst);
+                    let got = cache.read(page * PAGE_SIZE as u64, PAGE_SIZE as u32).await.unwrap();
+                    let version = u64::from_le_bytes(got[..8].try_into().unwrap());
+                    assert!(version >= floor, "{mode:?}: page {page} read version {version} after {floor} was acknowledged");
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let stats = cache.stats();
+        assert!(stats.local_hits.load(Ordering::Relaxed) + stats.pool_hits.load(Ordering::Relaxed) > 0, "the caches were used");
+    }
+}
+
+/// A pool whose invalidations fail (a node that is unreachable for writes).
+struct FlakyPool {
+    inner: Arc<Engine>,
+    fail_invalidate: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait]
+impl AsyncPageStore for FlakyPool {
+    async fn create_pool(&self, spec: &PoolSpec) -> Result<fallow_core::PoolId, fallow_core::StoreError> {
+        self.inner.create_pool(spec).await
+    }
+    async fn destroy_pool(&self, pool: fallow_core::PoolId) -> Result<(), fallow_core::StoreError> {
+        AsyncPageStore::destroy_pool(&*self.inner, pool).await
+    }
+    async fn put_many(&self, keys: &[fallow_core::PageKey], pages: Bytes) -> Result<Vec<fallow_core::PutOutcome>, fallow_core::StoreError> {
+        AsyncPageStore::put_many(&*self.inner, keys, pages).await
+    }
+    async fn get_many(&self, keys: &[fallow_core::PageKey]) -> Result<Vec<Option<Bytes>>, fallow_core::StoreError> {
+        AsyncPageStore::get_many(&*self.inner, keys).await
+    }
+    async fn take_many(&self, keys: &[fallow_core::PageKey]) -> Result<Vec<Option<Bytes>>, fallow_core::StoreError> {
+        AsyncPageStore::take_many(&*self.inner, keys).await
+    }
+    async fn invalidate_pages(&self, keys: &[fallow_core::PageKey]) -> Result<(), fallow_core::StoreError> {
+        if self.fail_invalidate.load(Ordering::SeqCst) {
+            return Err(fallow_core::StoreError::Unavailable("injected".into()));
+        }
+        AsyncPageStore::invalidate_pages(&*self.inner, keys).await
+    }
+    async fn invalidate_object(&self, pool: fallow_core::PoolId, object: u64) -> Result<u64, fallow_core::StoreError> {
+        if self.fail_invalidate.load(Ordering::SeqCst) {
+            return Err(fallow_core::StoreError::Unavailable("injected".into()));
+        }
+        AsyncPageStore::invalidate_object(&*self.inner, pool, object).await
+    }
+    async fn invalidate_pool(&self, pool: fallow_core::PoolId) -> Result<u64, fallow_core::StoreError> {
+        AsyncPageStore::invalidate_pool(&*self.inner, pool).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_that_cannot_invalidate_is_skipped_until_cleared() {
+    let engine = Arc::new(Engine::new(EngineBuilder::new(1 << 20).compress_interval(None).build().unwrap()));
+    let pool_id = engine.create_pool(&PoolSpec::ephemeral()).await.unwrap();
+    let flaky = Arc::new(FlakyPool { inner: engine, fail_invalidate: false.into() });
+    let tier = PoolTier { store: flaky.clone(), pool: pool_id, object: 9 };
+    let backing = Arc::new(MemStore::new(4 * PAGE_SIZE as u64));
+    // Inclusive, no local tier: every read is served by the pool once populated.
+    let config = CacheConfig { local_pages: 0, mode: Mode::Inclusive, scan_bytes: 1 << 20 };
+    let cache = CacheLayer::new(backing, Some(tier), config);
+    cache.write(0, Bytes::from(vec![1u8; PAGE_SIZE]), false).await.unwrap();
+    assert_eq!(cache.read(0, 4096).await.unwrap()[0], 1); // populates the pool
+    assert_eq!(cache.read(0, 4096).await.unwrap()[0], 1);
+    assert_eq!(cache.stats().pool_hits.load(Ordering::Relaxed), 1);
+    // Now the pool cannot invalidate: the write still succeeds, the stale copy stays in
+    // the pool, and reads must not use it.
+    flaky.fail_invalidate.store(true, Ordering::SeqCst);
+    cache.write(0, Bytes::from(vec![2u8; PAGE_SIZE]), false).await.unwrap();
+    assert!(!cache.pool_trusted());
+    assert_eq!(cache.read(0, 4096).await.unwrap()[0], 2, "never the stale pool copy");
+    // Once the pool works again the keeper clears the export's pages and trusts it.
+    flaky.fail_invalidate.store(false, Ordering::SeqCst);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !cache.pool_trusted() {
+        assert!(std::time::Instant::now() < deadline, "trust never restored");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(cache.read(0, 4096).await.unwrap()[0], 2);
+    assert_eq!(cache.read(0, 4096).await.unwrap()[0], 2);
+}
