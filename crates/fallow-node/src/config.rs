@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::listen::ListenAddr;
+use fallow_core::ListenAddr;
 
 /// Everything a running node needs besides its engine.
 #[derive(Debug, Clone)]

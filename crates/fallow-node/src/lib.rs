@@ -21,12 +21,11 @@ mod cmd;
 pub mod config;
 mod connection;
 pub mod lending;
-pub mod listen;
 pub mod metrics;
 mod node;
 mod server;
 
 pub use config::{ConfigFile, NodeConfig};
-pub use listen::ListenAddr;
+pub use fallow_core::ListenAddr;
 pub use node::Node;
 pub use server::Server;

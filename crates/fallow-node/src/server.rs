@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::connection;
-use crate::listen::ListenAddr;
+use fallow_core::ListenAddr;
 use crate::metrics;
 use crate::node::Node;
 
@@ -118,25 +118,9 @@ impl Server {
     }
 }
 
-/// Binds a Unix socket, replacing a stale socket file that nobody listens on (left by a
-/// node that crashed) but never a live one or a file that is not a socket.
+/// Binds a Unix socket, replacing a stale socket file (`fallow_core::prepare_unix_socket`).
 fn bind_unix(path: &Path) -> io::Result<UnixListener> {
-    use std::os::unix::fs::FileTypeExt;
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        if !meta.file_type().is_socket() {
-            return Err(io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                format!("{} exists and is not a socket", path.display()),
-            ));
-        }
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            return Err(io::Error::new(
-                io::ErrorKind::AddrInUse,
-                format!("another process is listening on {}", path.display()),
-            ));
-        }
-        std::fs::remove_file(path)?;
-    }
+    fallow_core::prepare_unix_socket(path)?;
     UnixListener::bind(path)
         .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {}: {e}", path.display())))
 }

@@ -1,4 +1,4 @@
-//! Where a node listens: a TCP address or a Unix socket path.
+//! Where a server listens (a node, an NBD server): a TCP address or a Unix socket path.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -37,6 +37,30 @@ impl fmt::Display for ListenAddr {
             ListenAddr::Unix(path) => write!(f, "unix:{}", path.display()),
         }
     }
+}
+
+/// Makes `path` free for a Unix listener: removes a stale socket file that nobody listens
+/// on (left by a server that crashed), but never a live socket or a file that is not a
+/// socket.
+pub fn prepare_unix_socket(path: &std::path::Path) -> std::io::Result<()> {
+    use std::io;
+    use std::os::unix::fs::FileTypeExt;
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{} exists and is not a socket", path.display()),
+            ));
+        }
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("another process is listening on {}", path.display()),
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,0 +1,138 @@
+//! Binding the listeners, accepting NBD connections, and stopping cleanly.
+
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fallow_core::ListenAddr;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, UnixListener};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::export::Export;
+use crate::{handshake, transmission};
+
+/// A running NBD server.
+#[derive(Debug)]
+pub struct NbdServer {
+    bound: Vec<ListenAddr>,
+    unix_paths: Vec<PathBuf>,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl NbdServer {
+    /// Binds every address and serves `exports` (the first is also the default export)
+    /// on the current tokio runtime.
+    pub async fn start(listen: &[ListenAddr], exports: Vec<Arc<Export>>) -> io::Result<NbdServer> {
+        if exports.is_empty() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "no export to serve"));
+        }
+        let exports: Arc<[Arc<Export>]> = exports.into();
+        let shutdown = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        let mut bound = Vec::new();
+        let mut unix_paths = Vec::new();
+        for addr in listen {
+            match addr {
+                ListenAddr::Tcp(addr) => {
+                    let listener = TcpListener::bind(addr)
+                        .await
+                        .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
+                    let local = listener.local_addr()?;
+                    tracing::info!(addr = %local, "NBD listening on TCP");
+                    bound.push(ListenAddr::Tcp(local));
+                    let (exports, shutdown, t) = (exports.clone(), shutdown.clone(), tasks.clone());
+                    tasks.spawn(async move {
+                        loop {
+                            let accepted = tokio::select! {
+                                _ = shutdown.cancelled() => return,
+                                accepted = listener.accept() => accepted,
+                            };
+                            match accepted {
+                                Ok((stream, peer)) => {
+                                    let _ = stream.set_nodelay(true);
+                                    t.spawn(connection(stream, peer.to_string(), exports.clone(), shutdown.clone()));
+                                }
+                                Err(err) => accept_failed(err).await,
+                            }
+                        }
+                    });
+                }
+                ListenAddr::Unix(path) => {
+                    fallow_core::prepare_unix_socket(path)?;
+                    let listener = UnixListener::bind(path)
+                        .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {}: {e}", path.display())))?;
+                    tracing::info!(path = %path.display(), "NBD listening on a Unix socket");
+                    bound.push(addr.clone());
+                    unix_paths.push(path.clone());
+                    let (exports, shutdown, t) = (exports.clone(), shutdown.clone(), tasks.clone());
+                    tasks.spawn(async move {
+                        loop {
+                            let accepted = tokio::select! {
+                                _ = shutdown.cancelled() => return,
+                                accepted = listener.accept() => accepted,
+                            };
+                            match accepted {
+                                Ok((stream, _)) => {
+                                    t.spawn(connection(stream, "unix".into(), exports.clone(), shutdown.clone()));
+                                }
+                                Err(err) => accept_failed(err).await,
+                            }
+                        }
+                    });
+                }
+            }
+        }
+        Ok(NbdServer { bound, unix_paths, shutdown, tasks })
+    }
+
+    /// The addresses bound (with the ports chosen for port 0).
+    pub fn local_addrs(&self) -> &[ListenAddr] {
+        &self.bound
+    }
+
+    /// The first TCP address, if any.
+    pub fn tcp_addr(&self) -> Option<std::net::SocketAddr> {
+        self.bound.iter().find_map(|a| match a {
+            ListenAddr::Tcp(addr) => Some(*addr),
+            ListenAddr::Unix(_) => None,
+        })
+    }
+
+    /// Stops accepting; connections finish the requests they have read and close.
+    pub async fn shutdown(self) {
+        self.shutdown.cancel();
+        self.tasks.close();
+        if tokio::time::timeout(Duration::from_secs(10), self.tasks.wait()).await.is_err() {
+            tracing::warn!("NBD connections still busy after 10 s; leaving them");
+        }
+        for path in &self.unix_paths {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+async fn accept_failed(err: io::Error) {
+    tracing::warn!(%err, "accept failed");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+async fn connection<S>(mut stream: S, peer: String, exports: Arc<[Arc<Export>]>, shutdown: CancellationToken)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let negotiated = tokio::time::timeout(Duration::from_secs(30), handshake::negotiate(&mut stream, &exports)).await;
+    let (session, input) = match negotiated {
+        Ok(Ok((Some(session), input))) => (session, input),
+        Ok(Ok((None, _))) => return tracing::debug!(%peer, "client aborted negotiation"),
+        Ok(Err(err)) => return tracing::info!(%peer, %err, "negotiation failed"),
+        Err(_) => return tracing::info!(%peer, "negotiation timed out"),
+    };
+    tracing::info!(%peer, export = %session.export.name, structured = session.structured, "NBD client connected");
+    if let Err(err) = transmission::serve(stream, session, input, peer.clone(), shutdown).await {
+        tracing::info!(%peer, %err, "NBD connection ended with an error");
+    }
+}
