@@ -57,7 +57,10 @@ struct Negotiation<'a, S> {
 }
 
 /// Runs the handshake on a fresh connection. `Ok(None)`: the client aborted cleanly.
-pub async fn negotiate<S>(stream: &mut S, exports: &[Arc<Export>]) -> Result<(Option<Session>, BytesMut), HandshakeError>
+pub async fn negotiate<S>(
+    stream: &mut S,
+    exports: &[Arc<Export>],
+) -> Result<(Option<Session>, BytesMut), HandshakeError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -107,7 +110,10 @@ where
             Opt::List => {
                 for export in n.exports {
                     let name = export.name.clone();
-                    n.reply(code, OptionReply::Server { name, description: export.description.clone() });
+                    n.reply(
+                        code,
+                        OptionReply::Server { name, description: export.description.clone() },
+                    );
                 }
                 n.reply(code, OptionReply::Ack);
                 None
@@ -127,7 +133,8 @@ where
                 let Some(export) = n.find(&name) else {
                     return Err(HandshakeError::Ended(format!("no export named {name:?}")));
                 };
-                let reply = ExportNameReply { size: export.size(), flags: export.transmission_flags() };
+                let reply =
+                    ExportNameReply { size: export.size(), flags: export.transmission_flags() };
                 reply.encode(&mut n.out, n.client_flags);
                 Some(export)
             }
@@ -143,7 +150,8 @@ where
         };
         n.flush().await?;
         if let Some(export) = done {
-            let session = Session { export, structured: n.structured, base_allocation: n.base_allocation };
+            let session =
+                Session { export, structured: n.structured, base_allocation: n.base_allocation };
             return Ok((Some(session), n.input));
         }
     }
@@ -183,7 +191,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Negotiation<'_, S> {
             self.reply(code, rep_error(RepError::UnknownExport, &message));
             return None;
         };
-        self.reply(code, OptionReply::Info(Info::Export { size: export.size(), flags: export.transmission_flags() }));
+        self.reply(
+            code,
+            OptionReply::Info(Info::Export {
+                size: export.size(),
+                flags: export.transmission_flags(),
+            }),
+        );
         if opt.info_requests.contains(&NBD_INFO_NAME) {
             self.reply(code, OptionReply::Info(Info::Name(export.name.clone())));
         }

@@ -38,9 +38,9 @@ impl NbdServer {
         for addr in listen {
             match addr {
                 ListenAddr::Tcp(addr) => {
-                    let listener = TcpListener::bind(addr)
-                        .await
-                        .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
+                    let listener = TcpListener::bind(addr).await.map_err(|e| {
+                        io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}"))
+                    })?;
                     let local = listener.local_addr()?;
                     tracing::info!(addr = %local, "NBD listening on TCP");
                     bound.push(ListenAddr::Tcp(local));
@@ -54,7 +54,12 @@ impl NbdServer {
                             match accepted {
                                 Ok((stream, peer)) => {
                                     let _ = stream.set_nodelay(true);
-                                    t.spawn(connection(stream, peer.to_string(), exports.clone(), shutdown.clone()));
+                                    t.spawn(connection(
+                                        stream,
+                                        peer.to_string(),
+                                        exports.clone(),
+                                        shutdown.clone(),
+                                    ));
                                 }
                                 Err(err) => accept_failed(err).await,
                             }
@@ -63,8 +68,12 @@ impl NbdServer {
                 }
                 ListenAddr::Unix(path) => {
                     fallow_core::prepare_unix_socket(path)?;
-                    let listener = UnixListener::bind(path)
-                        .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {}: {e}", path.display())))?;
+                    let listener = UnixListener::bind(path).map_err(|e| {
+                        io::Error::new(
+                            e.kind(),
+                            format!("cannot listen on {}: {e}", path.display()),
+                        )
+                    })?;
                     tracing::info!(path = %path.display(), "NBD listening on a Unix socket");
                     bound.push(addr.clone());
                     unix_paths.push(path.clone());
@@ -77,7 +86,12 @@ impl NbdServer {
                             };
                             match accepted {
                                 Ok((stream, _)) => {
-                                    t.spawn(connection(stream, "unix".into(), exports.clone(), shutdown.clone()));
+                                    t.spawn(connection(
+                                        stream,
+                                        "unix".into(),
+                                        exports.clone(),
+                                        shutdown.clone(),
+                                    ));
                                 }
                                 Err(err) => accept_failed(err).await,
                             }
@@ -120,11 +134,17 @@ async fn accept_failed(err: io::Error) {
     tokio::time::sleep(Duration::from_millis(50)).await;
 }
 
-async fn connection<S>(mut stream: S, peer: String, exports: Arc<[Arc<Export>]>, shutdown: CancellationToken)
-where
+async fn connection<S>(
+    mut stream: S,
+    peer: String,
+    exports: Arc<[Arc<Export>]>,
+    shutdown: CancellationToken,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let negotiated = tokio::time::timeout(Duration::from_secs(30), handshake::negotiate(&mut stream, &exports)).await;
+    let negotiated =
+        tokio::time::timeout(Duration::from_secs(30), handshake::negotiate(&mut stream, &exports))
+            .await;
     let (session, input) = match negotiated {
         Ok(Ok((Some(session), input))) => (session, input),
         Ok(Ok((None, _))) => return tracing::debug!(%peer, "client aborted negotiation"),

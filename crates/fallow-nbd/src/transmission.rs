@@ -25,7 +25,13 @@ pub const MAX_IN_FLIGHT: u32 = 64;
 
 /// Serves requests until the client disconnects (DISC or end of stream) or the server
 /// shuts down. Requests already read are finished and answered first.
-pub async fn serve<S>(stream: S, session: Session, mut input: BytesMut, peer: String, shutdown: CancellationToken) -> io::Result<()>
+pub async fn serve<S>(
+    stream: S,
+    session: Session,
+    mut input: BytesMut,
+    peer: String,
+    shutdown: CancellationToken,
+) -> io::Result<()>
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
@@ -87,7 +93,10 @@ where
 }
 
 /// Writes replies as they complete, several per system call when they queue up.
-async fn write_replies<W: AsyncWrite + Unpin>(mut writer: W, mut rx: mpsc::Receiver<BytesMut>) -> io::Result<()> {
+async fn write_replies<W: AsyncWrite + Unpin>(
+    mut writer: W,
+    mut rx: mpsc::Receiver<BytesMut>,
+) -> io::Result<()> {
     let mut batch = BytesMut::new();
     while let Some(first) = rx.recv().await {
         batch.unsplit(first);
@@ -112,41 +121,50 @@ async fn execute(session: &Session, request: &Request, payload: Bytes) -> BytesM
         Cmd::Read => cache.read(request.offset, request.length).await.map(Some),
         Cmd::Write => cache.write(request.offset, payload, fua).await.map(|_| None),
         Cmd::Flush => cache.flush().await.map(|_| None),
-        Cmd::Trim => async {
-            cache.trim(request.offset, request.length).await?;
-            if fua {
-                cache.flush().await?;
-            }
-            Ok(None)
-        }
-        .await,
-        Cmd::WriteZeroes => async {
-            let may_trim = request.flags & NBD_CMD_FLAG_NO_HOLE == 0;
-            cache.write_zeroes(request.offset, request.length, may_trim).await?;
-            if fua {
-                cache.flush().await?;
-            }
-            Ok(None)
-        }
-        .await,
-        Cmd::Cache => cache.prefetch(request.offset, request.length).await.map(|_| None),
-        Cmd::BlockStatus => {
-            match block_status(session, request).await {
-                Ok(chunk) => {
-                    chunk.encode(&mut out);
-                    return out;
+        Cmd::Trim => {
+            async {
+                cache.trim(request.offset, request.length).await?;
+                if fua {
+                    cache.flush().await?;
                 }
-                Err(err) => Err(err),
+                Ok(None)
             }
+            .await
         }
+        Cmd::WriteZeroes => {
+            async {
+                let may_trim = request.flags & NBD_CMD_FLAG_NO_HOLE == 0;
+                cache.write_zeroes(request.offset, request.length, may_trim).await?;
+                if fua {
+                    cache.flush().await?;
+                }
+                Ok(None)
+            }
+            .await
+        }
+        Cmd::Cache => cache.prefetch(request.offset, request.length).await.map(|_| None),
+        Cmd::BlockStatus => match block_status(session, request).await {
+            Ok(chunk) => {
+                chunk.encode(&mut out);
+                return out;
+            }
+            Err(err) => Err(err),
+        },
         Cmd::Disc | Cmd::Unknown(_) => Ok(None),
     };
     match result {
         Ok(Some(data)) if session.structured => {
             if data.is_empty() {
-                Chunk { flags: NBD_REPLY_FLAG_DONE, cookie: request.cookie, body: ChunkBody::None }.encode(&mut out);
+                Chunk { flags: NBD_REPLY_FLAG_DONE, cookie: request.cookie, body: ChunkBody::None }
+                    .encode(&mut out);
             } else {
-                encode_offset_data_header(&mut out, NBD_REPLY_FLAG_DONE, request.cookie, request.offset, data.len() as u32);
+                encode_offset_data_header(
+                    &mut out,
+                    NBD_REPLY_FLAG_DONE,
+                    request.cookie,
+                    request.offset,
+                    data.len() as u32,
+                );
                 out.extend_from_slice(&data);
             }
         }
@@ -199,7 +217,13 @@ async fn block_status(session: &Session, request: &Request) -> io::Result<Chunk>
 
 /// An error reply: a structured ERROR chunk for reads and block status when structured
 /// replies are on, a simple reply otherwise.
-fn encode_error(out: &mut BytesMut, session: &Session, request: &Request, error: u32, message: &str) {
+fn encode_error(
+    out: &mut BytesMut,
+    session: &Session,
+    request: &Request,
+    error: u32,
+    message: &str,
+) {
     let structured_cmd = matches!(request.cmd, Cmd::Read | Cmd::BlockStatus);
     if session.structured && structured_cmd {
         let body = ChunkBody::Error { error, message: message.to_string() };

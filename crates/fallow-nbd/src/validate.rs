@@ -9,14 +9,21 @@ use crate::handshake::Session;
 
 /// Checks `request` against the export and what the session negotiated. `Err` carries the
 /// NBD error code and a message for the log (and for structured error chunks).
-pub fn validate(request: &Request, session: &Session, export: &Export) -> Result<(), (u32, String)> {
+pub fn validate(
+    request: &Request,
+    session: &Session,
+    export: &Export,
+) -> Result<(), (u32, String)> {
     let cmd = request.cmd;
     if let Cmd::Unknown(code) = cmd {
         return Err((NBD_EINVAL, format!("unknown command {code}")));
     }
     let unknown_flags = request.flags & !cmd.valid_flags();
     if unknown_flags != 0 {
-        return Err((NBD_EINVAL, format!("flags {unknown_flags:#x} are not valid for {}", cmd.name())));
+        return Err((
+            NBD_EINVAL,
+            format!("flags {unknown_flags:#x} are not valid for {}", cmd.name()),
+        ));
     }
     if request.flags & NBD_CMD_FLAG_DF != 0 && !session.structured {
         return Err((NBD_EINVAL, "DF needs structured replies".into()));
@@ -28,7 +35,10 @@ pub fn validate(request: &Request, session: &Session, export: &Export) -> Result
     match cmd {
         Cmd::Read | Cmd::Cache => {
             if cmd == Cmd::Read && request.length > MAX_PAYLOAD {
-                return Err((NBD_EOVERFLOW, format!("read of {len} bytes is over the {MAX_PAYLOAD}-byte maximum")));
+                return Err((
+                    NBD_EOVERFLOW,
+                    format!("read of {len} bytes is over the {MAX_PAYLOAD}-byte maximum"),
+                ));
             }
             if !in_range {
                 return Err((NBD_EINVAL, "read beyond the end of the export".into()));
@@ -41,7 +51,10 @@ pub fn validate(request: &Request, session: &Session, export: &Export) -> Result
             if !in_range {
                 return Err((NBD_ENOSPC, "write beyond the end of the export".into()));
             }
-            if cmd == Cmd::WriteZeroes && request.flags & NBD_CMD_FLAG_FAST_ZERO != 0 && !caps.fast_zero {
+            if cmd == Cmd::WriteZeroes
+                && request.flags & NBD_CMD_FLAG_FAST_ZERO != 0
+                && !caps.fast_zero
+            {
                 return Err((NBD_ENOTSUP, "zeroing is not fast on this store".into()));
             }
         }
@@ -64,7 +77,10 @@ pub fn validate(request: &Request, session: &Session, export: &Export) -> Result
         }
         Cmd::BlockStatus => {
             if !session.structured || !session.base_allocation {
-                return Err((NBD_EINVAL, "block status needs structured replies and base:allocation".into()));
+                return Err((
+                    NBD_EINVAL,
+                    "block status needs structured replies and base:allocation".into(),
+                ));
             }
             if !in_range || len == 0 {
                 return Err((NBD_EINVAL, "block status beyond the end of the export".into()));

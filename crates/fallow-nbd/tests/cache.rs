@@ -17,7 +17,8 @@ use proptest::prelude::*;
 const SIZE: u64 = 64 * PAGE_SIZE as u64 + 1000; // a partial last page on purpose
 
 async fn pool_tier() -> PoolTier {
-    let engine = Arc::new(Engine::new(EngineBuilder::new(1 << 20).compress_interval(None).build().unwrap()));
+    let engine =
+        Arc::new(Engine::new(EngineBuilder::new(1 << 20).compress_interval(None).build().unwrap()));
     let pool = engine.create_pool(&PoolSpec::ephemeral()).await.unwrap();
     PoolTier { store: engine, pool, object: 1 }
 }
@@ -53,7 +54,11 @@ async fn run(ops: Vec<Op>, mode: Mode, local_pages: usize, pool: bool) {
         match *op {
             Op::Read(o, l) => {
                 let got = cache.read(o, l).await.unwrap();
-                assert_eq!(&got[..], &model[o as usize..o as usize + l as usize], "{op:?} in {ops:?}");
+                assert_eq!(
+                    &got[..],
+                    &model[o as usize..o as usize + l as usize],
+                    "{op:?} in {ops:?}"
+                );
             }
             Op::Write(o, l, b) => {
                 cache.write(o, Bytes::from(vec![b; l as usize]), false).await.unwrap();
@@ -159,7 +164,10 @@ async fn no_read_after_an_acknowledged_write_sees_older_data() {
             t.await.unwrap();
         }
         let stats = cache.stats();
-        assert!(stats.local_hits.load(Ordering::Relaxed) + stats.pool_hits.load(Ordering::Relaxed) > 0, "the caches were used");
+        assert!(
+            stats.local_hits.load(Ordering::Relaxed) + stats.pool_hits.load(Ordering::Relaxed) > 0,
+            "the caches were used"
+        );
     }
 }
 
@@ -171,41 +179,65 @@ struct FlakyPool {
 
 #[async_trait]
 impl AsyncPageStore for FlakyPool {
-    async fn create_pool(&self, spec: &PoolSpec) -> Result<fallow_core::PoolId, fallow_core::StoreError> {
+    async fn create_pool(
+        &self,
+        spec: &PoolSpec,
+    ) -> Result<fallow_core::PoolId, fallow_core::StoreError> {
         self.inner.create_pool(spec).await
     }
     async fn destroy_pool(&self, pool: fallow_core::PoolId) -> Result<(), fallow_core::StoreError> {
         AsyncPageStore::destroy_pool(&*self.inner, pool).await
     }
-    async fn put_many(&self, keys: &[fallow_core::PageKey], pages: Bytes) -> Result<Vec<fallow_core::PutOutcome>, fallow_core::StoreError> {
+    async fn put_many(
+        &self,
+        keys: &[fallow_core::PageKey],
+        pages: Bytes,
+    ) -> Result<Vec<fallow_core::PutOutcome>, fallow_core::StoreError> {
         AsyncPageStore::put_many(&*self.inner, keys, pages).await
     }
-    async fn get_many(&self, keys: &[fallow_core::PageKey]) -> Result<Vec<Option<Bytes>>, fallow_core::StoreError> {
+    async fn get_many(
+        &self,
+        keys: &[fallow_core::PageKey],
+    ) -> Result<Vec<Option<Bytes>>, fallow_core::StoreError> {
         AsyncPageStore::get_many(&*self.inner, keys).await
     }
-    async fn take_many(&self, keys: &[fallow_core::PageKey]) -> Result<Vec<Option<Bytes>>, fallow_core::StoreError> {
+    async fn take_many(
+        &self,
+        keys: &[fallow_core::PageKey],
+    ) -> Result<Vec<Option<Bytes>>, fallow_core::StoreError> {
         AsyncPageStore::take_many(&*self.inner, keys).await
     }
-    async fn invalidate_pages(&self, keys: &[fallow_core::PageKey]) -> Result<(), fallow_core::StoreError> {
+    async fn invalidate_pages(
+        &self,
+        keys: &[fallow_core::PageKey],
+    ) -> Result<(), fallow_core::StoreError> {
         if self.fail_invalidate.load(Ordering::SeqCst) {
             return Err(fallow_core::StoreError::Unavailable("injected".into()));
         }
         AsyncPageStore::invalidate_pages(&*self.inner, keys).await
     }
-    async fn invalidate_object(&self, pool: fallow_core::PoolId, object: u64) -> Result<u64, fallow_core::StoreError> {
+    async fn invalidate_object(
+        &self,
+        pool: fallow_core::PoolId,
+        object: u64,
+    ) -> Result<u64, fallow_core::StoreError> {
         if self.fail_invalidate.load(Ordering::SeqCst) {
             return Err(fallow_core::StoreError::Unavailable("injected".into()));
         }
         AsyncPageStore::invalidate_object(&*self.inner, pool, object).await
     }
-    async fn invalidate_pool(&self, pool: fallow_core::PoolId) -> Result<u64, fallow_core::StoreError> {
+    async fn invalidate_pool(
+        &self,
+        pool: fallow_core::PoolId,
+    ) -> Result<u64, fallow_core::StoreError> {
         AsyncPageStore::invalidate_pool(&*self.inner, pool).await
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_that_cannot_invalidate_is_skipped_until_cleared() {
-    let engine = Arc::new(Engine::new(EngineBuilder::new(1 << 20).compress_interval(None).build().unwrap()));
+    let engine =
+        Arc::new(Engine::new(EngineBuilder::new(1 << 20).compress_interval(None).build().unwrap()));
     let pool_id = engine.create_pool(&PoolSpec::ephemeral()).await.unwrap();
     let flaky = Arc::new(FlakyPool { inner: engine, fail_invalidate: false.into() });
     let tier = PoolTier { store: flaky.clone(), pool: pool_id, object: 9 };

@@ -12,9 +12,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::connection;
-use fallow_core::ListenAddr;
 use crate::metrics;
 use crate::node::Node;
+use fallow_core::ListenAddr;
 
 /// How long a stopping node waits for its connections to finish their replies.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);

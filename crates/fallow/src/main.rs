@@ -20,6 +20,8 @@ enum Command {
     /// Benchmarks against a running server: `bench pages` (fallow node or memcached).
     #[command(subcommand)]
     Bench(cmd::bench::BenchCommand),
+    /// Export block devices over NBD, with reads served from the page pool.
+    Nbd(cmd::nbd::NbdArgs),
     /// Lend this host's idle memory to fallow clients (the node daemon).
     Node(cmd::node::NodeArgs),
     /// Print a node's state: memory, pages, savings, hit ratio, clients, pressure.
@@ -32,7 +34,8 @@ enum Command {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     // A daemon says what it does by default; the one-shot commands only warn.
-    let default_level = if matches!(cli.command, Command::Node(_)) { "info" } else { "warn" };
+    let default_level =
+        if matches!(cli.command, Command::Node(_) | Command::Nbd(_)) { "info" } else { "warn" };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FALLOW_LOG")
@@ -42,6 +45,7 @@ fn main() -> std::process::ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let result = match cli.command {
+        Command::Nbd(args) => cmd::nbd::run(args),
         Command::Node(args) => cmd::node::run(args),
         Command::Stat(args) => cmd::stat::run(args),
         Command::Bench(c) => cmd::bench::run(c),

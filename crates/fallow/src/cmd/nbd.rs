@@ -1,0 +1,180 @@
+//! `fallow nbd`: export block devices over NBD, their reads served from the page pool.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use clap::{Args, ValueEnum};
+use fallow_backing::{BackingStore, FileStore, MemStore};
+use fallow_core::{AsyncPageStore, ListenAddr, PoolSpec};
+use fallow_nbd::cache::{CacheConfig, CacheLayer, Mode, PoolTier};
+use fallow_nbd::{Export, NbdServer};
+use fallow_node::lending::parse_size;
+use fallow_pool::{Engine, EngineBuilder};
+
+/// Export block devices over NBD, with reads served from the page pool.
+///
+/// Each `--export NAME=BACKING` is one export; BACKING is a file or block device
+/// (`file:PATH`, or just a path; `file:PATH,size=SIZE` creates a sparse image if missing)
+/// or a RAM disk (`mem:SIZE`). Reads go to the local tier, then the pool (`--pool
+/// local:SIZE` for one in this process, or `fallow://HOST:PORT` for a node, with
+/// `--secret-file`), then the backing store; writes go through to the backing store before
+/// they are acknowledged. Connect with any NBD client, e.g.
+/// `qemu-img info nbd://127.0.0.1:10809/NAME`.
+#[derive(Debug, Args)]
+pub struct NbdArgs {
+    /// An export: NAME=file:PATH[,size=SIZE] | NAME=PATH | NAME=mem:SIZE. Repeatable; the
+    /// first is also the default export.
+    #[arg(long = "export", value_name = "NAME=BACKING", required = true)]
+    exports: Vec<String>,
+    /// Where to listen: HOST:PORT or unix:PATH. Repeatable [default: 127.0.0.1:10809].
+    #[arg(long, value_name = "ADDR")]
+    listen: Vec<ListenAddr>,
+    /// The pool behind the local tier: local:SIZE (in this process), fallow://HOST:PORT (a
+    /// node), or none.
+    #[arg(long, value_name = "POOL", default_value = "none")]
+    pool: String,
+    /// The shared secret, for a fallow:// pool.
+    #[arg(long, value_name = "FILE")]
+    secret_file: Option<PathBuf>,
+    /// Size of the local tier in this process (0 for none).
+    #[arg(long, value_name = "SIZE", default_value = "64M")]
+    local_tier: String,
+    /// exclusive: a page lives in the local tier or in the pool; inclusive: the pool keeps
+    /// a copy of what the local tier holds.
+    #[arg(long, value_enum, default_value_t = CacheMode::Exclusive)]
+    mode: CacheMode,
+    /// Refuse writes on every export.
+    #[arg(long)]
+    read_only: bool,
+}
+
+/// `--mode`.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum CacheMode {
+    Exclusive,
+    Inclusive,
+}
+
+/// Parses BACKING.
+fn open_backing(spec: &str) -> anyhow::Result<Arc<dyn BackingStore>> {
+    if let Some(size) = spec.strip_prefix("mem:") {
+        let size = parse_size(size).with_context(|| format!("backing {spec:?}"))?;
+        return Ok(Arc::new(MemStore::new(size)));
+    }
+    if spec.starts_with("nbd://") || spec.starts_with("nbd+unix://") {
+        bail!("backing {spec:?}: upstream NBD stores are not supported yet (use file: or mem:)");
+    }
+    let rest = spec.strip_prefix("file:").unwrap_or(spec);
+    let (path, size) = match rest.split_once(",size=") {
+        Some((path, size)) => {
+            (path, Some(parse_size(size).with_context(|| format!("backing {spec:?}"))?))
+        }
+        None => (rest, None),
+    };
+    if path.is_empty() {
+        bail!("backing {spec:?}: no path");
+    }
+    let path = PathBuf::from(path);
+    let store = match size {
+        Some(size) => FileStore::open_or_create(&path, size)?,
+        None => FileStore::open(&path, false)?,
+    };
+    Ok(Arc::new(store))
+}
+
+async fn open_pool(
+    args: &NbdArgs,
+) -> anyhow::Result<Option<(Arc<dyn AsyncPageStore>, fallow_core::PoolId)>> {
+    let store: Arc<dyn AsyncPageStore> = if args.pool == "none" {
+        return Ok(None);
+    } else if let Some(size) = args.pool.strip_prefix("local:") {
+        let budget = parse_size(size).with_context(|| format!("--pool {}", args.pool))?;
+        let config = EngineBuilder::new(usize::try_from(budget).unwrap_or(usize::MAX)).build()?;
+        Arc::new(Engine::new(config))
+    } else if args.pool.starts_with("fallow://") {
+        let Some(secret_file) = &args.secret_file else {
+            bail!("--pool {} needs --secret-file", args.pool);
+        };
+        let secret = fallow_node::config::read_secret(secret_file).map_err(anyhow::Error::msg)?;
+        let config =
+            fallow_client::ClientConfig::new(&args.pool, secret)?.name("fallow-nbd").connections(2);
+        Arc::new(
+            fallow_client::Client::connect(config)
+                .await
+                .with_context(|| format!("pool {}", args.pool))?,
+        )
+    } else {
+        bail!("--pool {:?}: expected none, local:SIZE or fallow://HOST:PORT", args.pool);
+    };
+    let pool = store.create_pool(&PoolSpec::ephemeral()).await?;
+    Ok(Some((store, pool)))
+}
+
+/// Runs the NBD server until SIGTERM or SIGINT.
+pub fn run(args: NbdArgs) -> anyhow::Result<()> {
+    let local_bytes = parse_size(&args.local_tier)
+        .with_context(|| format!("--local-tier {}", args.local_tier))?;
+    let local_pages = (local_bytes / fallow_core::PAGE_SIZE as u64) as usize;
+    let mode = match args.mode {
+        CacheMode::Exclusive => Mode::Exclusive,
+        CacheMode::Inclusive => Mode::Inclusive,
+    };
+    let mut backings = Vec::new();
+    for (i, spec) in args.exports.iter().enumerate() {
+        let Some((name, backing)) = spec.split_once('=') else {
+            bail!("--export {spec:?}: expected NAME=BACKING");
+        };
+        if name.is_empty()
+            || args.exports[..i].iter().any(|e| e.split_once('=').map(|(n, _)| n) == Some(name))
+        {
+            bail!("--export {spec:?}: export names must be non-empty and distinct");
+        }
+        backings.push((name.to_string(), backing.to_string(), open_backing(backing)?));
+    }
+    let listen = if args.listen.is_empty() {
+        vec!["127.0.0.1:10809".parse().expect("the default address parses")]
+    } else {
+        args.listen.clone()
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .thread_name("fallow-nbd")
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let pool = open_pool(&args).await?;
+        let mut exports = Vec::new();
+        for (object, (name, spec, backing)) in backings.into_iter().enumerate() {
+            let tier = pool.as_ref().map(|(store, pool)| PoolTier {
+                store: store.clone(),
+                pool: *pool,
+                object: object as u64,
+            });
+            let config = CacheConfig { local_pages, mode, ..CacheConfig::default() };
+            let cache = CacheLayer::new(backing, tier, config);
+            tracing::info!(export = %name, backing = %spec, size = cache.size(), "export ready");
+            exports.push(Arc::new(Export {
+                name,
+                description: spec,
+                cache,
+                read_only: args.read_only,
+            }));
+        }
+        let names: Vec<String> = exports.iter().map(|e| e.name.clone()).collect();
+        let server = NbdServer::start(&listen, exports).await?;
+        for addr in server.local_addrs() {
+            for name in &names {
+                match addr {
+                    ListenAddr::Tcp(a) => eprintln!("fallow nbd: serving nbd://{a}/{name}"),
+                    ListenAddr::Unix(p) => {
+                        eprintln!("fallow nbd: serving nbd+unix:///{name}?socket={}", p.display())
+                    }
+                }
+            }
+        }
+        crate::cmd::node::wait_for_signal().await?;
+        server.shutdown().await;
+        Ok(())
+    })
+}
