@@ -17,9 +17,11 @@
 //!
 //! # Components
 //! [`FileStore`]: a local file or block device. [`MemStore`]: a RAM disk.
+//! [`NbdStore`]: an upstream NBD server.
 
 mod file;
 mod mem;
+mod nbd;
 
 use std::fmt;
 use std::io;
@@ -29,6 +31,7 @@ use bytes::Bytes;
 
 pub use file::FileStore;
 pub use mem::MemStore;
+pub use nbd::{NbdStore, NbdUri};
 
 /// What a store can do; fixed when it is opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
-use fallow_backing::{BackingStore, FileStore, MemStore};
+use fallow_backing::{BackingStore, FileStore, MemStore, NbdStore};
 use fallow_core::{AsyncPageStore, ListenAddr, PoolSpec};
 use fallow_nbd::cache::{CacheConfig, CacheLayer, Mode, PoolTier};
 use fallow_nbd::{Export, NbdServer};
@@ -23,8 +23,8 @@ use fallow_pool::{Engine, EngineBuilder};
 /// `qemu-img info nbd://127.0.0.1:10809/NAME`.
 #[derive(Debug, Args)]
 pub struct NbdArgs {
-    /// An export: NAME=file:PATH[,size=SIZE] | NAME=PATH | NAME=mem:SIZE. Repeatable; the
-    /// first is also the default export.
+    /// An export: NAME=file:PATH[,size=SIZE] | NAME=PATH | NAME=mem:SIZE | NAME=nbd://…
+    /// Repeatable; the first is also the default export.
     #[arg(long = "export", value_name = "NAME=BACKING", required = true)]
     exports: Vec<String>,
     /// Where to listen: HOST:PORT or unix:PATH. Repeatable [default: 127.0.0.1:10809].
@@ -56,14 +56,14 @@ enum CacheMode {
     Inclusive,
 }
 
-/// Parses BACKING.
-fn open_backing(spec: &str) -> anyhow::Result<Arc<dyn BackingStore>> {
+/// Opens BACKING.
+async fn open_backing(spec: &str) -> anyhow::Result<Arc<dyn BackingStore>> {
     if let Some(size) = spec.strip_prefix("mem:") {
         let size = parse_size(size).with_context(|| format!("backing {spec:?}"))?;
         return Ok(Arc::new(MemStore::new(size)));
     }
     if spec.starts_with("nbd://") || spec.starts_with("nbd+unix://") {
-        bail!("backing {spec:?}: upstream NBD stores are not supported yet (use file: or mem:)");
+        return Ok(Arc::new(NbdStore::connect(spec).await?));
     }
     let rest = spec.strip_prefix("file:").unwrap_or(spec);
     let (path, size) = match rest.split_once(",size=") {
@@ -120,7 +120,7 @@ pub fn run(args: NbdArgs) -> anyhow::Result<()> {
         CacheMode::Exclusive => Mode::Exclusive,
         CacheMode::Inclusive => Mode::Inclusive,
     };
-    let mut backings = Vec::new();
+    let mut specs: Vec<(String, String)> = Vec::new();
     for (i, spec) in args.exports.iter().enumerate() {
         let Some((name, backing)) = spec.split_once('=') else {
             bail!("--export {spec:?}: expected NAME=BACKING");
@@ -130,7 +130,7 @@ pub fn run(args: NbdArgs) -> anyhow::Result<()> {
         {
             bail!("--export {spec:?}: export names must be non-empty and distinct");
         }
-        backings.push((name.to_string(), backing.to_string(), open_backing(backing)?));
+        specs.push((name.to_string(), backing.to_string()));
     }
     let listen = if args.listen.is_empty() {
         vec!["127.0.0.1:10809".parse().expect("the default address parses")]
@@ -143,6 +143,11 @@ pub fn run(args: NbdArgs) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async move {
+        let mut backings = Vec::new();
+        for (name, spec) in specs {
+            let backing = open_backing(&spec).await?;
+            backings.push((name, spec, backing));
+        }
         let pool = open_pool(&args).await?;
         let mut exports = Vec::new();
         for (object, (name, spec, backing)) in backings.into_iter().enumerate() {

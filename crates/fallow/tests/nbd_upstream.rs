@@ -1,0 +1,167 @@
+//! `fallow nbd` in front of nbdkit (the reference server) as the backing store: the data
+//! path round-trips, and with nbdkit's error filter switched on mid-run a read of data that
+//! is not cached fails with EIO and caches nothing, a write is not acknowledged, and the
+//! export works again once the errors stop. Skips when nbdkit or qemu-io is missing.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_fallow");
+
+/// A process killed by PID when dropped.
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn have(tool: &str) -> bool {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool}"))
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Starts `fallow nbd` and returns it with the URI of its export.
+fn start_fallow(args: &[&str]) -> (Guard, String) {
+    let mut child = Command::new(BIN)
+        .arg("nbd")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(uri) = line.strip_prefix("fallow nbd: serving ") {
+                let _ = tx.send(uri.to_string());
+            }
+        }
+    });
+    let uri = rx.recv_timeout(Duration::from_secs(20)).expect("fallow nbd prints its URI");
+    (Guard(child), uri)
+}
+
+fn qemu_io(uri: &str, commands: &[&str]) -> (bool, String) {
+    let mut cmd = Command::new("timeout");
+    cmd.args(["60", "qemu-io", "-f", "raw"]);
+    for c in commands {
+        cmd.args(["-c", c]);
+    }
+    let out = cmd.arg(uri).output().unwrap();
+    let text =
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let failed = text.contains("error") || text.contains("failed") || !out.status.success();
+    (!failed, text)
+}
+
+#[test]
+fn nbdkit_behind_fallow_with_errors_switched_on_and_off() {
+    if !have("nbdkit") || !have("qemu-io") {
+        eprintln!("skipped: nbdkit and qemu-io are needed (Debian packages nbdkit, qemu-utils)");
+        return;
+    }
+    let trigger = std::env::temp_dir().join(format!("fallow-error-trigger-{}", std::process::id()));
+    let _ = std::fs::remove_file(&trigger);
+    let port = free_port();
+    let nbdkit = Command::new("nbdkit")
+        .args([
+            "-f",
+            "-i",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "--exit-with-parent",
+            "--filter=error",
+            "memory",
+            "64M",
+        ])
+        .arg("error-rate=100%")
+        .arg(format!("error-file={}", trigger.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _nbdkit = Guard(nbdkit);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "nbdkit did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let upstream = format!("up=nbd://127.0.0.1:{port}");
+    let (_fallow, uri) = start_fallow(&[
+        "--export",
+        &upstream,
+        "--listen",
+        "127.0.0.1:0",
+        "--pool",
+        "local:16M",
+        "--local-tier",
+        "256K",
+    ]);
+
+    // The data path, unaligned pieces included.
+    let (ok, text) = qemu_io(
+        &uri,
+        &[
+            "write -P 0x5a 0 1M",
+            "write -P 0x11 4000 10000",
+            "read -P 0x5a 0 4000",
+            "read -P 0x11 4000 10000",
+            "read -P 0x5a 14000 100000",
+            "flush",
+        ],
+    );
+    assert!(ok, "{text}");
+
+    // Errors on: a read of data not in the caches fails with EIO; a write is not
+    // acknowledged.
+    std::fs::write(&trigger, b"on").unwrap();
+    let (ok, text) = qemu_io(&uri, &["read -P 0x5a 8M 64k"]);
+    assert!(!ok && text.contains("Input/output error"), "a failed backing read is an EIO: {text}");
+    let (ok, text) = qemu_io(&uri, &["write -P 0x77 2M 4k"]);
+    assert!(!ok, "a failed backing write is not acknowledged: {text}");
+
+    // Errors off: the export works again, nothing wrong was cached, and the failed write
+    // left the old data (zeros) readable.
+    std::fs::remove_file(&trigger).unwrap();
+    let (ok, text) = qemu_io(
+        &uri,
+        &["read -P 0 8M 64k", "read -P 0x5a 0 4000", "write -P 0x33 2M 4k", "read -P 0x33 2M 4k"],
+    );
+    assert!(ok, "{text}");
+}
+
+#[test]
+fn a_sparse_file_export_reports_holes() {
+    if !have("nbdinfo") {
+        eprintln!("skipped: nbdinfo is needed (Debian package libnbd-bin)");
+        return;
+    }
+    let image: PathBuf =
+        std::env::temp_dir().join(format!("fallow-map-{}.img", std::process::id()));
+    let _ = std::fs::remove_file(&image);
+    let export = format!("disk=file:{},size=16M", image.display());
+    let (_fallow, uri) = start_fallow(&["--export", &export, "--listen", "127.0.0.1:0"]);
+    let (ok, text) =
+        if have("qemu-io") { qemu_io(&uri, &["write -P 1 4M 1M"]) } else { (true, String::new()) };
+    assert!(ok, "{text}");
+    let out = Command::new("timeout").args(["30", "nbdinfo", "--map", &uri]).output().unwrap();
+    let map = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{map} {}", String::from_utf8_lossy(&out.stderr));
+    assert!(map.contains("hole,zero"), "{map}");
+    assert!(map.contains("data"), "{map}");
+    let _ = std::fs::remove_file(&image);
+}
