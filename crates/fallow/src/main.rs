@@ -20,6 +20,8 @@ enum Command {
     /// Benchmarks against a running server: `bench pages` (fallow node or memcached).
     #[command(subcommand)]
     Bench(cmd::bench::BenchCommand),
+    /// Everything on one host: lend idle memory and export a disk image through it.
+    Up(cmd::up::UpArgs),
     /// Export block devices over NBD, with reads served from the page pool.
     Nbd(cmd::nbd::NbdArgs),
     /// Lend this host's idle memory to fallow clients (the node daemon).
@@ -35,7 +37,11 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     // A daemon says what it does by default; the one-shot commands only warn.
     let default_level =
-        if matches!(cli.command, Command::Node(_) | Command::Nbd(_)) { "info" } else { "warn" };
+        if matches!(cli.command, Command::Node(_) | Command::Nbd(_) | Command::Up(_)) {
+            "info"
+        } else {
+            "warn"
+        };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FALLOW_LOG")
@@ -45,6 +51,7 @@ fn main() -> std::process::ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let result = match cli.command {
+        Command::Up(args) => cmd::up::run(args),
         Command::Nbd(args) => cmd::nbd::run(args),
         Command::Node(args) => cmd::node::run(args),
         Command::Stat(args) => cmd::stat::run(args),

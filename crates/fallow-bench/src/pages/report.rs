@@ -317,6 +317,28 @@ mod tests {
     }
 
     #[test]
+    fn timeline_is_kept_only_when_asked_and_sorted_after_merge() {
+        let live = Arc::new(AtomicU64::new(0));
+        let mut off = Stats::new(live.clone());
+        off.get(Instant::now(), 1, 0, 0);
+        assert!(off.timeline().is_empty());
+        let (mut a, mut b) =
+            (Stats::new(live.clone()).with_timeline(true), Stats::new(live).with_timeline(true));
+        let first = Instant::now();
+        std::thread::sleep(Duration::from_millis(1));
+        b.put(Instant::now(), 1, 0);
+        a.get(first, 0, 1, 0);
+        let mut total = stats();
+        total.merge(&a);
+        total.merge(&b);
+        let t = total.timeline();
+        assert_eq!(t.len(), 2);
+        assert!(t[0].get && !t[1].get, "oldest first: {t:?}");
+        assert!(t[1].start_unix_ns - t[0].start_unix_ns >= 1_000_000, "{t:?}");
+        assert!(t[0].latency_ns >= 1_000_000, "the get was timed from `first`: {t:?}");
+    }
+
+    #[test]
     fn report_prints_every_figure() {
         let report = PagesReport {
             target: "memcached://127.0.0.1:1".into(),

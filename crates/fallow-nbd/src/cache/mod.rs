@@ -107,6 +107,8 @@ pub struct CacheStats {
     pub misses: AtomicU64,
     /// Reads sent to the backing store.
     pub backing_reads: AtomicU64,
+    /// Microseconds spent in those reads, in total (for the mean backing latency).
+    pub backing_read_micros: AtomicU64,
     /// Pages put into the pool (populate or demotion).
     pub pool_puts: AtomicU64,
     /// Pool operations that failed (each was treated as a miss or skipped).
@@ -300,7 +302,9 @@ impl CacheLayer {
             let last = &pieces[missing[run_end - 1]];
             let start = first.page * PAGE;
             let end = ((last.page + 1) * PAGE).min(s.backing.size());
+            let started = std::time::Instant::now();
             let data = s.backing.read(start, (end - start) as u32).await?;
+            s.stats.backing_read_micros.fetch_add(started.elapsed().as_micros() as u64, Relaxed);
             s.stats.backing_reads.fetch_add(1, Relaxed);
             for &i in &missing[run_start..run_end] {
                 let p = &pieces[i];

@@ -5,3 +5,4 @@ pub mod nbd;
 pub mod node;
 pub mod stat;
 pub mod trace;
+pub mod up;

@@ -1,0 +1,389 @@
+//! The NBD server checked by third-party clients: the scripts in `tests/compliance/nbd/`
+//! (qemu-img, qemu-io, nbdinfo, nbdsh, nbdcopy, fio, ext4 over nbdfuse) run against the
+//! real `fallow nbd` binary in each cache configuration worth covering.
+//!
+//! This file is the one place that starts and stops servers. Each test starts one server
+//! on `127.0.0.1:0` with one fresh 64 MiB export per script, runs the scripts at once (so
+//! the exports share the server's pool and the scripts also check that exports do not
+//! see each other's data), and requires every script to pass or to skip (exit 77, with
+//! its reason printed: a tool, `/dev/fuse` or root is missing). The server must then still
+//! be running, must not have panicked, and must stop cleanly on SIGTERM.
+//!
+//! `NBD_COMPLIANCE_ONLY=fio,nbdsh cargo test -p fallow --test nbd_compliance` runs a subset.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The scripts, by the name that also names their export: `test-NAME.sh`.
+const SCRIPTS: &[&str] = &["qemu-img", "qemu-io", "nbdinfo", "nbdsh", "nbdcopy", "fio", "ext4"];
+
+/// The size of each export; every script fits its work in 64 MiB.
+const EXPORT_SIZE: &str = "64M";
+
+/// How long the server may take to start listening (a debug build on a busy machine).
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A backstop per script: each bounds its own commands to 60 s, and all of them together
+/// take well under a minute on a quiet 2-core machine.
+const SCRIPT_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// The exit status with which a script says it skipped.
+const SKIPPED: i32 = 77;
+
+/// What backs the exports of one configuration.
+#[derive(Debug, Clone, Copy)]
+enum Backing {
+    /// A sparse file per export, created by the server; scripts may read it directly.
+    File,
+    /// `mem:` (a RAM disk).
+    Mem,
+}
+
+#[test]
+fn file_backing_local_pool_exclusive() {
+    run_suite(
+        "file-exclusive",
+        Backing::File,
+        &["--pool", "local:32M", "--local-tier", "1M", "--mode", "exclusive"],
+    );
+}
+
+#[test]
+fn file_backing_local_pool_inclusive() {
+    run_suite(
+        "file-inclusive",
+        Backing::File,
+        &["--pool", "local:32M", "--local-tier", "1M", "--mode", "inclusive"],
+    );
+}
+
+#[test]
+fn mem_backing_no_cache() {
+    run_suite("mem-uncached", Backing::Mem, &["--pool", "none", "--local-tier", "0"]);
+}
+
+/// Starts a server with one export per script and `args`, runs the scripts against it,
+/// and fails with every failing script's output.
+fn run_suite(config: &str, backing: Backing, args: &[&str]) {
+    if !command_works("bash", &["--version"]) {
+        eprintln!("skipping {config}: bash is not installed");
+        return;
+    }
+    let scripts = selected_scripts();
+    let dir = TempDir::new(config);
+    let exports: Vec<(String, Option<PathBuf>)> = scripts
+        .iter()
+        .map(|name| match backing {
+            Backing::File => {
+                let image = dir.0.join(format!("{name}.img"));
+                (format!("{name}=file:{},size={EXPORT_SIZE}", image.display()), Some(image))
+            }
+            Backing::Mem => (format!("{name}=mem:{EXPORT_SIZE}"), None),
+        })
+        .collect();
+    let mut server_args = vec!["--listen", "127.0.0.1:0"];
+    for (spec, _) in &exports {
+        server_args.extend(["--export", spec]);
+    }
+    server_args.extend(args);
+    let mut server = Server::start(&server_args);
+    println!("{config}: {}", server.base_uri);
+
+    // Every script at once, each in its own thread and scratch directory.
+    let started = Instant::now();
+    let runs: Vec<_> = scripts
+        .iter()
+        .zip(&exports)
+        .map(|(name, (_, image))| {
+            let uri = format!("{}{name}", server.base_uri);
+            let scratch = dir.0.join(format!("{name}.run"));
+            std::fs::create_dir_all(&scratch).unwrap();
+            let image = image.clone();
+            let name = name.to_string();
+            std::thread::spawn(move || run_script(&name, &uri, image.as_deref(), &scratch))
+        })
+        .collect();
+    let outcomes: Vec<Outcome> = runs.into_iter().map(|run| run.join().unwrap()).collect();
+
+    let mut failures = Vec::new();
+    for outcome in &outcomes {
+        match &outcome.result {
+            Ok(Verdict::Passed) => {
+                println!("{config}: {} passed in {:?}", outcome.name, outcome.took)
+            }
+            Ok(Verdict::Skipped(why)) => println!("{config}: {} SKIPPED: {why}", outcome.name),
+            Err(why) => {
+                println!("{config}: {} FAILED ({why})", outcome.name);
+                failures.push(format!(
+                    "=== {config}: test-{}.sh {why} ===\n{}",
+                    outcome.name, outcome.output
+                ));
+            }
+        }
+    }
+    println!("{config}: all scripts done in {:?}", started.elapsed());
+    let log = server.log_so_far();
+    let alive = server.is_running();
+    assert!(
+        failures.is_empty() && alive && !log.contains("panicked"),
+        "{config}: {} of {} scripts failed; server still running: {alive}\n{}\n\
+         === server log (last 60 lines) ===\n{}",
+        failures.len(),
+        outcomes.len(),
+        failures.join("\n"),
+        tail(&log, 60)
+    );
+    server.stop_cleanly();
+}
+
+/// `NBD_COMPLIANCE_ONLY=a,b` picks scripts by name; unset, all of them.
+fn selected_scripts() -> Vec<&'static str> {
+    let Ok(only) = std::env::var("NBD_COMPLIANCE_ONLY") else {
+        return SCRIPTS.to_vec();
+    };
+    let wanted: Vec<&str> = only.split(',').map(str::trim).collect();
+    for name in &wanted {
+        assert!(SCRIPTS.contains(name), "NBD_COMPLIANCE_ONLY: no script named {name:?}");
+    }
+    SCRIPTS.iter().copied().filter(|s| wanted.contains(s)).collect()
+}
+
+/// How a script ended.
+enum Verdict {
+    Passed,
+    Skipped(String),
+}
+
+struct Outcome {
+    name: String,
+    /// `Err` says how it failed (exit status or timeout).
+    result: Result<Verdict, String>,
+    /// Its stdout and stderr.
+    output: String,
+    took: Duration,
+}
+
+/// Runs `test-NAME.sh URI` in its own process group, bounded by [`SCRIPT_TIMEOUT`].
+fn run_script(name: &str, uri: &str, image: Option<&Path>, scratch: &Path) -> Outcome {
+    let script = scripts_dir().join(format!("test-{name}.sh"));
+    let out = scratch.join("output");
+    let started = Instant::now();
+    File::create(&out).unwrap();
+    // stdout and stderr interleave in one file: two handles, both appending.
+    let append = || File::options().append(true).open(&out).unwrap();
+    let mut cmd = Command::new("bash");
+    cmd.arg(&script)
+        .arg(uri)
+        .env("TMPDIR", scratch)
+        .current_dir(scratch)
+        .stdin(Stdio::null())
+        .stdout(append())
+        .stderr(append())
+        // Its own process group, so that a timeout stops the tools it started too.
+        .process_group(0);
+    match image {
+        Some(image) => cmd.env("BACKING_FILE", image),
+        None => cmd.env_remove("BACKING_FILE"),
+    };
+    let mut child = ProcessGroup(cmd.spawn().unwrap());
+    let status = child.wait_until(started + SCRIPT_TIMEOUT);
+    let output = std::fs::read_to_string(&out).unwrap_or_default();
+    let result = match status {
+        None => Err(format!("timed out after {SCRIPT_TIMEOUT:?}")),
+        Some(status) if status.success() => Ok(Verdict::Passed),
+        Some(status) if status.code() == Some(SKIPPED) => {
+            let why = output.lines().rev().find(|l| l.starts_with("SKIP:")).unwrap_or("SKIP:");
+            Ok(Verdict::Skipped(why.trim_start_matches("SKIP:").trim().to_string()))
+        }
+        Some(status) => Err(status.to_string()),
+    };
+    Outcome { name: name.to_string(), result, output, took: started.elapsed() }
+}
+
+fn scripts_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/compliance/nbd")
+}
+
+/// A script and everything it started, in one process group. Dropping it (a timeout, a
+/// panic) signals the group: SIGTERM first, so that the script's EXIT trap unmounts and
+/// detaches what it set up, then SIGKILL.
+struct ProcessGroup(Child);
+
+impl ProcessGroup {
+    /// The exit status, or `None` if `deadline` passed first (the group is then stopped).
+    fn wait_until(&mut self, deadline: Instant) -> Option<ExitStatus> {
+        loop {
+            if let Some(status) = self.0.try_wait().unwrap() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                self.stop();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn stop(&mut self) {
+        let group = format!("-{}", self.0.id());
+        let _ = Command::new("kill").args(["-TERM", "--", &group]).status();
+        let grace = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < grace && matches!(self.0.try_wait(), Ok(None)) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = Command::new("kill").args(["-KILL", "--", &group]).stderr(Stdio::null()).status();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            self.stop();
+        }
+    }
+}
+
+/// A running `fallow nbd`, killed by its PID when dropped.
+struct Server {
+    child: Child,
+    /// `nbd://127.0.0.1:PORT/`, to which an export name is appended.
+    base_uri: String,
+    /// Every stderr line so far, kept by a thread that drains the pipe for the server's
+    /// whole life, so that it never blocks on a full pipe.
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Server {
+    /// Starts `fallow nbd ARGS` and learns its address from its `serving` lines.
+    fn start(args: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_fallow"))
+            .arg("nbd")
+            .args(args)
+            .env("FALLOW_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (send, lines) = mpsc::channel();
+        let keep = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                keep.lock().unwrap().push(line.clone());
+                let _ = send.send(line);
+            }
+        });
+        let mut server = Server { child, base_uri: String::new(), log };
+        server.base_uri = server.wait_for_uri(&lines);
+        server
+    }
+
+    fn wait_for_uri(&mut self, lines: &Receiver<String>) -> String {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            match lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(line) => {
+                    if let Some(base) = serving_base_uri(&line) {
+                        return base;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    panic!("no `serving` line within {START_TIMEOUT:?}:\n{}", self.log_so_far())
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    let status = self.child.wait().unwrap();
+                    panic!("fallow nbd exited ({status}) before serving:\n{}", self.log_so_far())
+                }
+            }
+        }
+    }
+
+    fn log_so_far(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// SIGTERM; the server must exit with status 0 within a few seconds.
+    fn stop_cleanly(mut self) {
+        let pid = self.child.id().to_string();
+        let status = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        assert!(status.success(), "kill -TERM {pid}");
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "fallow nbd did not stop on SIGTERM");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(status.success(), "fallow nbd exited with {status}:\n{}", self.log_so_far());
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `nbd://ADDR/` from a `fallow nbd: serving nbd://ADDR/NAME` line.
+fn serving_base_uri(line: &str) -> Option<String> {
+    let uri = line.strip_prefix("fallow nbd: serving ")?.trim();
+    let rest = uri.strip_prefix("nbd://")?;
+    let (addr, _name) = rest.split_once('/')?;
+    Some(format!("nbd://{addr}/"))
+}
+
+/// A scratch directory, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(config: &str) -> TempDir {
+        let dir = std::env::temp_dir()
+            .join(format!("fallow-nbd-compliance-{}-{config}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn command_works(program: &str, args: &[&str]) -> bool {
+    Command::new(program)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+#[test]
+fn the_serving_line_parses() {
+    let line = "fallow nbd: serving nbd://127.0.0.1:40207/disk";
+    assert_eq!(serving_base_uri(line).as_deref(), Some("nbd://127.0.0.1:40207/"));
+    assert_eq!(serving_base_uri("fallow nbd: serving nbd+unix:///disk?socket=/s"), None);
+    assert_eq!(serving_base_uri("INFO fallow::cmd::nbd: export ready"), None);
+}
