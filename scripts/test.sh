@@ -13,11 +13,19 @@ if ! command -v cargo >/dev/null; then
     exit 1
 fi
 # The compression crates (zstd, xz, bzip2) build C sources; the node tests drive a real
-# memcached (the baseline of `fallow bench pages`) and an independent Python client.
+# memcached (the baseline of `fallow bench pages`) and an independent Python client; the
+# NBD compliance suite (tests/compliance/nbd/) drives qemu-img/qemu-io, nbdinfo/nbdcopy/
+# nbdfuse, nbdsh, fio and nbdkit, and mounts ext4 through FUSE.
 packages=()
 command -v cc >/dev/null || packages+=(build-essential)
 command -v memcached >/dev/null || packages+=(memcached)
 command -v python3 >/dev/null || packages+=(python3)
+command -v qemu-img >/dev/null || packages+=(qemu-utils)
+command -v nbdinfo >/dev/null || packages+=(libnbd-bin)
+command -v nbdsh >/dev/null || packages+=(python3-libnbd)
+command -v nbdkit >/dev/null || packages+=(nbdkit)
+command -v fio >/dev/null || packages+=(fio)
+command -v fusermount3 >/dev/null || packages+=(fuse3)
 if ((${#packages[@]})); then
     apt-get -o DPkg::Lock::Timeout=600 update
     DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y "${packages[@]}"

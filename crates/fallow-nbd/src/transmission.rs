@@ -117,7 +117,12 @@ async fn execute(session: &Session, request: &Request, payload: Bytes) -> BytesM
     let cache = &session.export.cache;
     let mut out = BytesMut::new();
     let fua = request.flags & NBD_CMD_FLAG_FUA != 0;
+    // A zero-length request has nothing to do (the spec leaves its result to the server;
+    // doing nothing keeps stores from seeing empty ranges).
+    let empty = request.length == 0
+        && matches!(request.cmd, Cmd::Write | Cmd::Trim | Cmd::WriteZeroes | Cmd::Cache);
     let result: io::Result<Option<Bytes>> = match request.cmd {
+        _ if empty => Ok(None),
         Cmd::Read => cache.read(request.offset, request.length).await.map(Some),
         Cmd::Write => cache.write(request.offset, payload, fua).await.map(|_| None),
         Cmd::Flush => cache.flush().await.map(|_| None),

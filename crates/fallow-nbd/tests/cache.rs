@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use fallow_backing::{BackingStore, Capabilities, MemStore};
 use fallow_core::{AsyncPageStore, PoolSpec, PAGE_SIZE};
-use fallow_nbd::cache::{CacheConfig, CacheLayer, Mode, PoolTier};
+use fallow_nbd::cache::{CacheConfig, CacheLayer, Mode, PoolTier, WritePolicy};
 use fallow_pool::{Engine, EngineBuilder};
 use proptest::prelude::*;
 
@@ -29,6 +29,7 @@ enum Op {
     Write(u64, u32, u8),
     Zero(u64, u32),
     Trim(u64, u32),
+    Flush,
 }
 
 fn range() -> impl Strategy<Value = (u64, u32)> {
@@ -41,14 +42,15 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (range(), any::<u8>()).prop_map(|((o, l), b)| Op::Write(o, l, b)),
         1 => range().prop_map(|(o, l)| Op::Zero(o, l)),
         1 => range().prop_map(|(o, l)| Op::Trim(o, l)),
+        1 => Just(Op::Flush),
     ]
 }
 
-async fn run(ops: Vec<Op>, mode: Mode, local_pages: usize, pool: bool) {
+async fn run(ops: Vec<Op>, mode: Mode, local_pages: usize, pool: bool, write: WritePolicy) {
     let backing = Arc::new(MemStore::new(SIZE));
     let pool = if pool { Some(pool_tier().await) } else { None };
-    let config = CacheConfig { local_pages, mode, scan_bytes: 3 * PAGE_SIZE as u32 };
-    let cache = CacheLayer::new(backing, pool, config);
+    let config = CacheConfig { local_pages, mode, scan_bytes: 3 * PAGE_SIZE as u32, write };
+    let cache = CacheLayer::new(backing.clone(), pool, config);
     let mut model = vec![0u8; SIZE as usize];
     for op in &ops {
         match *op {
@@ -72,6 +74,12 @@ async fn run(ops: Vec<Op>, mode: Mode, local_pages: usize, pool: bool) {
                 }
                 model[o as usize..o as usize + l as usize].fill(0);
             }
+            Op::Flush => {
+                cache.flush().await.unwrap();
+                // After a flush the store itself holds everything written.
+                let stored = backing.read(0, SIZE as u32).await.unwrap();
+                assert!(stored[..] == model[..], "the store after FLUSH differs from the model");
+            }
         }
     }
 }
@@ -85,10 +93,17 @@ proptest! {
         exclusive in any::<bool>(),
         local_pages in prop_oneof![Just(0usize), Just(4), Just(32)],
         pool in any::<bool>(),
+        write_back in any::<bool>(),
     ) {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let mode = if exclusive { Mode::Exclusive } else { Mode::Inclusive };
-        rt.block_on(run(ops, mode, local_pages, pool));
+        let write = if write_back {
+            // A small dirty limit, so writers also write back under pressure.
+            WritePolicy::Back { max_dirty_bytes: 8 * PAGE_SIZE as u64, max_age: Duration::from_millis(5) }
+        } else {
+            WritePolicy::Through
+        };
+        rt.block_on(run(ops, mode, local_pages, pool, write));
     }
 }
 
@@ -126,9 +141,17 @@ impl BackingStore for SlowStore {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn no_read_after_an_acknowledged_write_sees_older_data() {
-    for mode in [Mode::Exclusive, Mode::Inclusive] {
+    let back = WritePolicy::Back {
+        max_dirty_bytes: 2 * PAGE_SIZE as u64,
+        max_age: Duration::from_millis(2),
+    };
+    for (mode, write) in [
+        (Mode::Exclusive, WritePolicy::Through),
+        (Mode::Inclusive, WritePolicy::Through),
+        (Mode::Exclusive, back),
+    ] {
         let backing = Arc::new(SlowStore(MemStore::new(8 * PAGE_SIZE as u64)));
-        let config = CacheConfig { local_pages: 2, mode, scan_bytes: 1 << 20 };
+        let config = CacheConfig { local_pages: 2, mode, scan_bytes: 1 << 20, write };
         let cache = CacheLayer::new(backing, Some(pool_tier().await), config);
         // Pages 0..4 each hold a version number; each page has one writer (concurrent
         // writes to one page have no order), which bumps it; readers check that they see
@@ -243,7 +266,12 @@ async fn a_pool_that_cannot_invalidate_is_skipped_until_cleared() {
     let tier = PoolTier { store: flaky.clone(), pool: pool_id, object: 9 };
     let backing = Arc::new(MemStore::new(4 * PAGE_SIZE as u64));
     // Inclusive, no local tier: every read is served by the pool once populated.
-    let config = CacheConfig { local_pages: 0, mode: Mode::Inclusive, scan_bytes: 1 << 20 };
+    let config = CacheConfig {
+        local_pages: 0,
+        mode: Mode::Inclusive,
+        scan_bytes: 1 << 20,
+        write: WritePolicy::Through,
+    };
     let cache = CacheLayer::new(backing, Some(tier), config);
     cache.write(0, Bytes::from(vec![1u8; PAGE_SIZE]), false).await.unwrap();
     assert_eq!(cache.read(0, 4096).await.unwrap()[0], 1); // populates the pool
@@ -264,4 +292,31 @@ async fn a_pool_that_cannot_invalidate_is_skipped_until_cleared() {
     }
     assert_eq!(cache.read(0, 4096).await.unwrap()[0], 2);
     assert_eq!(cache.read(0, 4096).await.unwrap()[0], 2);
+}
+
+#[tokio::test]
+async fn write_back_keeps_writes_in_memory_until_flush_or_age() {
+    let backing = Arc::new(MemStore::new(16 * PAGE_SIZE as u64));
+    let write = WritePolicy::Back { max_dirty_bytes: 1 << 20, max_age: Duration::from_millis(200) };
+    let config = CacheConfig { local_pages: 4, mode: Mode::Exclusive, scan_bytes: 1 << 20, write };
+    let cache = CacheLayer::new(backing.clone(), None, config);
+    cache.write(0, Bytes::from(vec![9u8; 3 * PAGE_SIZE]), false).await.unwrap();
+    cache.write(5000, Bytes::from(vec![7u8; 10]), false).await.unwrap(); // a partial page
+    assert_eq!(backing.read(0, 1).await.unwrap()[0], 0, "acknowledged from memory");
+    let got = cache.read(0, 3 * PAGE_SIZE as u32).await.unwrap();
+    assert!(got[..5000].iter().all(|b| *b == 9) && got[5000..5010].iter().all(|b| *b == 7));
+    cache.flush().await.unwrap();
+    let stored = backing.read(0, 3 * PAGE_SIZE as u32).await.unwrap();
+    assert_eq!(stored, got, "FLUSH wrote everything");
+    // FUA is durable at once.
+    cache.write(8 * PAGE_SIZE as u64, Bytes::from(vec![3u8; PAGE_SIZE]), true).await.unwrap();
+    assert_eq!(backing.read(8 * PAGE_SIZE as u64, 1).await.unwrap()[0], 3);
+    // Without FLUSH, the flusher writes pages out once they are older than max_age.
+    cache.write(12 * PAGE_SIZE as u64, Bytes::from(vec![5u8; PAGE_SIZE]), false).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while backing.read(12 * PAGE_SIZE as u64, 1).await.unwrap()[0] != 5 {
+        assert!(std::time::Instant::now() < deadline, "the flusher never wrote the page");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(cache.stats().written_back.load(Ordering::Relaxed) >= 5);
 }

@@ -7,7 +7,9 @@
 //! the exports share the server's pool and the scripts also check that exports do not
 //! see each other's data), and requires every script to pass or to skip (exit 77, with
 //! its reason printed: a tool, `/dev/fuse` or root is missing). The server must then still
-//! be running, must not have panicked, and must stop cleanly on SIGTERM.
+//! be running, must not have panicked, and must stop cleanly on SIGTERM. The read-only
+//! configuration serves existing files filled with a known pattern instead, to the
+//! scripts that can check a read-only export.
 //!
 //! `NBD_COMPLIANCE_ONLY=fio,nbdsh cargo test -p fallow --test nbd_compliance` runs a subset.
 
@@ -23,8 +25,13 @@ use std::time::{Duration, Instant};
 /// The scripts, by the name that also names their export: `test-NAME.sh`.
 const SCRIPTS: &[&str] = &["qemu-img", "qemu-io", "nbdinfo", "nbdsh", "nbdcopy", "fio", "ext4"];
 
+/// The scripts that know how to check a read-only export (`READ_ONLY=1`).
+const READ_ONLY_SCRIPTS: &[&str] = &["nbdinfo", "nbdsh", "nbdcopy"];
+
 /// The size of each export; every script fits its work in 64 MiB.
 const EXPORT_SIZE: &str = "64M";
+/// [`EXPORT_SIZE`] in bytes.
+const EXPORT_BYTES: usize = 64 << 20;
 
 /// How long the server may take to start listening (a debug build on a busy machine).
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -43,6 +50,9 @@ enum Backing {
     File,
     /// `mem:` (a RAM disk).
     Mem,
+    /// An existing file, given as a plain path, filled with the offset pattern (see
+    /// [`write_pattern`]); the export is read-only.
+    Pattern,
 }
 
 #[test]
@@ -51,6 +61,7 @@ fn file_backing_local_pool_exclusive() {
         "file-exclusive",
         Backing::File,
         &["--pool", "local:32M", "--local-tier", "1M", "--mode", "exclusive"],
+        SCRIPTS,
     );
 }
 
@@ -60,22 +71,61 @@ fn file_backing_local_pool_inclusive() {
         "file-inclusive",
         Backing::File,
         &["--pool", "local:32M", "--local-tier", "1M", "--mode", "inclusive"],
+        SCRIPTS,
+    );
+}
+
+#[test]
+fn file_backing_write_back() {
+    // A small dirty limit and age, so that FLUSH, FUA, the writers' backpressure and the
+    // background flusher all run; scripts that compare the backing file after a flush
+    // check that FLUSH really wrote everything.
+    run_suite(
+        "file-write-back",
+        Backing::File,
+        &[
+            "--pool",
+            "local:32M",
+            "--local-tier",
+            "1M",
+            "--write-policy",
+            "back",
+            "--max-dirty",
+            "2M",
+            "--max-dirty-age",
+            "50",
+        ],
+        SCRIPTS,
     );
 }
 
 #[test]
 fn mem_backing_no_cache() {
-    run_suite("mem-uncached", Backing::Mem, &["--pool", "none", "--local-tier", "0"]);
+    run_suite("mem-uncached", Backing::Mem, &["--pool", "none", "--local-tier", "0"], SCRIPTS);
+}
+
+#[test]
+fn read_only_file_local_pool() {
+    run_suite(
+        "read-only",
+        Backing::Pattern,
+        &["--read-only", "--pool", "local:32M", "--local-tier", "1M"],
+        READ_ONLY_SCRIPTS,
+    );
 }
 
 /// Starts a server with one export per script and `args`, runs the scripts against it,
 /// and fails with every failing script's output.
-fn run_suite(config: &str, backing: Backing, args: &[&str]) {
+fn run_suite(config: &str, backing: Backing, args: &[&str], scripts: &[&'static str]) {
     if !command_works("bash", &["--version"]) {
         eprintln!("skipping {config}: bash is not installed");
         return;
     }
-    let scripts = selected_scripts();
+    let scripts = selected_scripts(scripts);
+    if scripts.is_empty() {
+        println!("{config}: no script selected");
+        return;
+    }
     let dir = TempDir::new(config);
     let exports: Vec<(String, Option<PathBuf>)> = scripts
         .iter()
@@ -85,6 +135,11 @@ fn run_suite(config: &str, backing: Backing, args: &[&str]) {
                 (format!("{name}=file:{},size={EXPORT_SIZE}", image.display()), Some(image))
             }
             Backing::Mem => (format!("{name}=mem:{EXPORT_SIZE}"), None),
+            Backing::Pattern => {
+                let image = dir.0.join(format!("{name}.img"));
+                write_pattern(&image, EXPORT_BYTES);
+                (format!("{name}={}", image.display()), Some(image))
+            }
         })
         .collect();
     let mut server_args = vec!["--listen", "127.0.0.1:0"];
@@ -106,7 +161,10 @@ fn run_suite(config: &str, backing: Backing, args: &[&str]) {
             std::fs::create_dir_all(&scratch).unwrap();
             let image = image.clone();
             let name = name.to_string();
-            std::thread::spawn(move || run_script(&name, &uri, image.as_deref(), &scratch))
+            let read_only = matches!(backing, Backing::Pattern);
+            std::thread::spawn(move || {
+                run_script(&name, &uri, image.as_deref(), read_only, &scratch)
+            })
         })
         .collect();
     let outcomes: Vec<Outcome> = runs.into_iter().map(|run| run.join().unwrap()).collect();
@@ -142,16 +200,24 @@ fn run_suite(config: &str, backing: Backing, args: &[&str]) {
     server.stop_cleanly();
 }
 
-/// `NBD_COMPLIANCE_ONLY=a,b` picks scripts by name; unset, all of them.
-fn selected_scripts() -> Vec<&'static str> {
+/// `NBD_COMPLIANCE_ONLY=a,b` picks some of `scripts` by name; unset, all of them.
+fn selected_scripts(scripts: &[&'static str]) -> Vec<&'static str> {
     let Ok(only) = std::env::var("NBD_COMPLIANCE_ONLY") else {
-        return SCRIPTS.to_vec();
+        return scripts.to_vec();
     };
     let wanted: Vec<&str> = only.split(',').map(str::trim).collect();
     for name in &wanted {
         assert!(SCRIPTS.contains(name), "NBD_COMPLIANCE_ONLY: no script named {name:?}");
     }
-    SCRIPTS.iter().copied().filter(|s| wanted.contains(s)).collect()
+    scripts.iter().copied().filter(|s| wanted.contains(s)).collect()
+}
+
+/// Fills `path` with `len` bytes of the offset pattern: each 8-byte-aligned word holds
+/// its own offset, big-endian (`pattern` in `nbdsh_checks.py` is the same function).
+fn write_pattern(path: &Path, len: usize) {
+    let words = (0..len as u64 / 8).map(|w| (w * 8).to_be_bytes());
+    let bytes: Vec<u8> = words.flatten().collect();
+    std::fs::write(path, bytes).unwrap();
 }
 
 /// How a script ended.
@@ -170,7 +236,13 @@ struct Outcome {
 }
 
 /// Runs `test-NAME.sh URI` in its own process group, bounded by [`SCRIPT_TIMEOUT`].
-fn run_script(name: &str, uri: &str, image: Option<&Path>, scratch: &Path) -> Outcome {
+fn run_script(
+    name: &str,
+    uri: &str,
+    image: Option<&Path>,
+    read_only: bool,
+    scratch: &Path,
+) -> Outcome {
     let script = scripts_dir().join(format!("test-{name}.sh"));
     let out = scratch.join("output");
     let started = Instant::now();
@@ -181,6 +253,7 @@ fn run_script(name: &str, uri: &str, image: Option<&Path>, scratch: &Path) -> Ou
     cmd.arg(&script)
         .arg(uri)
         .env("TMPDIR", scratch)
+        .env("READ_ONLY", if read_only { "1" } else { "0" })
         .current_dir(scratch)
         .stdin(Stdio::null())
         .stdout(append())

@@ -25,6 +25,7 @@
 //! local tier. [`CacheLayer`]: all of it over one backing store.
 
 pub mod coherence;
+mod dirty;
 pub mod local;
 pub mod split;
 
@@ -78,6 +79,23 @@ impl std::fmt::Debug for PoolTier {
     }
 }
 
+/// When a write is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WritePolicy {
+    /// After the backing store has it (the default).
+    Through,
+    /// From memory: the page is kept dirty in this process and written to the store by
+    /// FLUSH, by FUA, or by the background flusher, which keeps at most `max_dirty_bytes`
+    /// dirty and none older than `max_age`. A crash loses dirty pages, never a write
+    /// acknowledged before a completed FLUSH.
+    Back {
+        /// The most dirty bytes; writes wait for the flusher beyond this.
+        max_dirty_bytes: u64,
+        /// The oldest a dirty page may get before the flusher writes it.
+        max_age: Duration,
+    },
+}
+
 /// Settings of one export's cache.
 #[derive(Debug, Clone)]
 pub struct CacheConfig {
@@ -88,11 +106,18 @@ pub struct CacheConfig {
     /// Reads of at least this many bytes are served from the caches when they hit but do
     /// not populate them: a large sequential scan would otherwise flush the working set.
     pub scan_bytes: u32,
+    /// Write-through or write-back.
+    pub write: WritePolicy,
 }
 
 impl Default for CacheConfig {
     fn default() -> Self {
-        Self { local_pages: 0, mode: Mode::Exclusive, scan_bytes: 1 << 20 }
+        Self {
+            local_pages: 0,
+            mode: Mode::Exclusive,
+            scan_bytes: 1 << 20,
+            write: WritePolicy::Through,
+        }
     }
 }
 
@@ -117,6 +142,12 @@ pub struct CacheStats {
     pub populate_skipped: AtomicU64,
     /// Demotions dropped because the queue to the pool was full.
     pub demotions_dropped: AtomicU64,
+    /// Pages served from the dirty set (write-back).
+    pub dirty_hits: AtomicU64,
+    /// Dirty pages written to the backing store (write-back).
+    pub written_back: AtomicU64,
+    /// Write-back attempts that failed (the pages stay dirty and are retried).
+    pub write_back_errors: AtomicU64,
 }
 
 struct Shared {
@@ -135,6 +166,7 @@ struct Shared {
     whole_pages: u64,
     stats: CacheStats,
     demote: Option<mpsc::Sender<(u64, Bytes, Ticket)>>,
+    dirty: dirty::DirtySet,
 }
 
 /// One export's cache over its backing store. Cheap to share (`Arc` inside); every
@@ -181,9 +213,13 @@ impl CacheLayer {
             config,
             stats: CacheStats::default(),
             demote,
+            dirty: dirty::DirtySet::default(),
         });
         if let Some(rx) = demotions {
             tokio::spawn(demoter(Arc::downgrade(&shared), rx));
+        }
+        if let WritePolicy::Back { max_age, .. } = shared.config.write {
+            tokio::spawn(flusher(Arc::downgrade(&shared), max_age));
         }
         if shared.pool.is_some() {
             tokio::spawn(trust_keeper(Arc::downgrade(&shared)));
@@ -237,17 +273,24 @@ impl CacheLayer {
             out[at[i]..at[i] + p.len()].copy_from_slice(&page[p.start..p.end]);
         };
 
-        // Local tier; tickets for what it lacks, taken before any other tier is asked.
+        // Tickets first (a write that starts after this invalidates them), then the dirty
+        // set (write-back), then the local tier.
         let mut missing: Vec<usize> = Vec::new();
         let mut tickets: Vec<Option<Ticket>> = vec![None; pieces.len()];
         for (i, p) in pieces.iter().enumerate() {
             if p.page < s.whole_pages {
+                tickets[i] = s.coherence.ticket(p.page);
+                if let Some(page) = s.dirty.get(p.page) {
+                    copy(&mut out, i, &page);
+                    s.stats.dirty_hits.fetch_add(1, Relaxed);
+                    tickets[i] = None;
+                    continue;
+                }
                 if let Some(page) = s.local.get(p.page) {
                     copy(&mut out, i, &page);
                     s.stats.local_hits.fetch_add(1, Relaxed);
                     continue;
                 }
-                tickets[i] = s.coherence.ticket(p.page);
             }
             missing.push(i);
         }
@@ -403,9 +446,20 @@ impl CacheLayer {
         }
     }
 
-    /// Writes through to the backing store, then updates the local tier (whole pages) and
-    /// invalidates other copies. Acknowledge only after this returns `Ok`.
+    /// Writes `data` at `offset`: through to the backing store, or into the dirty set
+    /// (write-back; FUA writes it out before returning). Acknowledge only after `Ok`.
     pub async fn write(&self, offset: u64, data: Bytes, fua: bool) -> io::Result<()> {
+        match self.shared.config.write {
+            WritePolicy::Through => self.write_through(offset, data, fua).await,
+            WritePolicy::Back { max_dirty_bytes, .. } => {
+                self.write_back(offset, data, fua, max_dirty_bytes).await
+            }
+        }
+    }
+
+    /// Write-through: the store first, then the local tier (whole pages) is updated and
+    /// every other copy invalidated.
+    async fn write_through(&self, offset: u64, data: Bytes, fua: bool) -> io::Result<()> {
         let s = &*self.shared;
         let pieces: Vec<Piece> = pieces(offset, data.len() as u64).collect();
         let guard = s.coherence.begin_write(pieces.iter().map(|p| p.page));
@@ -452,9 +506,72 @@ impl CacheLayer {
         }
     }
 
-    /// Makes every completed write durable.
+    /// Makes every completed write durable: dirty pages (write-back) are written out, then
+    /// the store flushes.
     pub async fn flush(&self) -> io::Result<()> {
+        write_back_all(&self.shared, None).await?;
         self.shared.backing.flush().await
+    }
+
+    /// Write-back: the whole pages of the range go into the dirty set (partial pages are
+    /// merged with their current content); bytes past the last whole page of the export go
+    /// through. The write waits while the dirty set is over its limit.
+    async fn write_back(
+        &self,
+        offset: u64,
+        data: Bytes,
+        fua: bool,
+        max_dirty: u64,
+    ) -> io::Result<()> {
+        let s = &*self.shared;
+        // Over the limit, the writer writes back itself: that is the backpressure.
+        while s.dirty.bytes() > max_dirty {
+            write_back_all(s, None).await?;
+        }
+        let pieces: Vec<Piece> = pieces(offset, data.len() as u64).collect();
+        let cached_end = s.whole_pages * PAGE;
+        // The part past the last whole page is never cached: write it through.
+        if offset + data.len() as u64 > cached_end {
+            let from = cached_end.max(offset);
+            let skip = (from - offset) as usize;
+            self.write_through(from, data.slice(skip..), fua).await?;
+        }
+        let numbers: Vec<u64> =
+            pieces.iter().map(|p| p.page).filter(|p| *p < s.whole_pages).collect();
+        if numbers.is_empty() {
+            return Ok(());
+        }
+        // The gates are taken before partial pages are merged, so two writes to different
+        // bytes of one page cannot both read the old page and lose one of the changes.
+        let guard = s.coherence.begin_write(numbers.iter().copied());
+        let gates = guard.gates().await;
+        let mut at = 0;
+        for p in &pieces {
+            if p.page < s.whole_pages {
+                let piece = data.slice(at..at + p.len());
+                let page = if p.is_whole() {
+                    piece
+                } else {
+                    let current = match s.dirty.get(p.page).or_else(|| s.local.get(p.page)) {
+                        Some(page) => page,
+                        None => s.backing.read(p.page * PAGE, PAGE_SIZE as u32).await?,
+                    };
+                    let mut merged = BytesMut::from(&current[..]);
+                    merged[p.start..p.end].copy_from_slice(&piece);
+                    merged.freeze()
+                };
+                s.local.remove(p.page);
+                s.dirty.insert(p.page, page);
+            }
+            at += p.len();
+        }
+        self.invalidate_in_pool(&numbers).await;
+        gates.finish();
+        if fua {
+            write_back_all(s, Some(&numbers)).await?;
+            s.backing.flush().await?;
+        }
+        Ok(())
     }
 
     /// Discards a range in the backing store and drops its cached copies.
@@ -477,6 +594,9 @@ impl CacheLayer {
     {
         let s = &*self.shared;
         let pages: Vec<u64> = pieces(offset, len as u64).map(|p| p.page).collect();
+        // Dirty pages of the range go out first, so the store applies the discard to their
+        // newest content (a partial page keeps the rest of its bytes).
+        write_back_all(s, Some(&pages)).await?;
         let guard = s.coherence.begin_write(pages.iter().copied());
         let result = op(s).await;
         let gates = guard.gates().await;
@@ -501,6 +621,56 @@ impl CacheLayer {
             at += n as u64;
         }
         Ok(())
+    }
+}
+
+/// Writes dirty pages to the backing store (all of them, or those in `only`), in runs of
+/// consecutive pages, and forgets each page written unless it was written again meanwhile.
+/// Flushes are serialised, so a FLUSH that returns has seen every page dirty when it began.
+async fn write_back_all(s: &Shared, only: Option<&[u64]>) -> io::Result<()> {
+    let _one_at_a_time = s.dirty.flushing().await;
+    let snapshot = s.dirty.snapshot(only);
+    let mut i = 0;
+    while i < snapshot.len() {
+        let mut j = i + 1;
+        while j < snapshot.len() && snapshot[j].0 == snapshot[j - 1].0 + 1 && j - i < 256 {
+            j += 1;
+        }
+        let mut run = BytesMut::with_capacity((j - i) * PAGE_SIZE);
+        for (_, bytes, _) in &snapshot[i..j] {
+            run.extend_from_slice(bytes);
+        }
+        if let Err(err) = s.backing.write(snapshot[i].0 * PAGE, run.freeze(), false).await {
+            s.stats.write_back_errors.fetch_add(1, Relaxed);
+            tracing::warn!(%err, page = snapshot[i].0, "write-back failed; the pages stay dirty");
+            return Err(err);
+        }
+        for (page, _, version) in &snapshot[i..j] {
+            s.dirty.clean(*page, *version);
+        }
+        s.stats.written_back.fetch_add((j - i) as u64, Relaxed);
+        i = j;
+    }
+    Ok(())
+}
+
+/// Writes dirty pages out when they get old or too many. Stops when the cache is dropped.
+async fn flusher(cache: std::sync::Weak<Shared>, max_age: Duration) {
+    let tick = (max_age / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+    loop {
+        tokio::time::sleep(tick).await;
+        let Some(s) = cache.upgrade() else { return };
+        if s.dirty.is_empty() {
+            continue;
+        }
+        let WritePolicy::Back { max_dirty_bytes, .. } = s.config.write else { return };
+        let old = s.dirty.oldest_age().is_some_and(|age| age >= max_age);
+        if old || s.dirty.bytes() > max_dirty_bytes / 2 {
+            if let Err(err) = write_back_all(&s, None).await {
+                tracing::debug!(%err, "background write-back failed; retrying later");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
     }
 }
 

@@ -7,7 +7,7 @@ use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use fallow_backing::{BackingStore, FileStore, MemStore, NbdStore};
 use fallow_core::{AsyncPageStore, ListenAddr, PoolSpec};
-use fallow_nbd::cache::{CacheConfig, CacheLayer, Mode, PoolTier};
+use fallow_nbd::cache::{CacheConfig, CacheLayer, Mode, PoolTier, WritePolicy};
 use fallow_nbd::{Export, NbdServer};
 use fallow_node::lending::parse_size;
 use fallow_pool::{Engine, EngineBuilder};
@@ -44,9 +44,28 @@ pub struct NbdArgs {
     /// a copy of what the local tier holds.
     #[arg(long, value_enum, default_value_t = CacheMode::Exclusive)]
     mode: CacheMode,
+    /// through: a write is acknowledged once the backing store has it. back: acknowledged
+    /// from memory; FLUSH and FUA make writes durable, and a background flusher writes
+    /// them out (see --max-dirty, --max-dirty-age). A crash loses only writes no FLUSH
+    /// covered.
+    #[arg(long, value_enum, default_value_t = WriteMode::Through)]
+    write_policy: WriteMode,
+    /// With --write-policy back: the most dirty data per export; writers wait beyond it.
+    #[arg(long, value_name = "SIZE", default_value = "64M")]
+    max_dirty: String,
+    /// With --write-policy back: the oldest dirty data may get, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    max_dirty_age: u64,
     /// Refuse writes on every export.
     #[arg(long)]
     read_only: bool,
+}
+
+/// `--write-policy`.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum WriteMode {
+    Through,
+    Back,
 }
 
 /// `--mode`.
@@ -120,6 +139,14 @@ pub fn run(args: NbdArgs) -> anyhow::Result<()> {
         CacheMode::Exclusive => Mode::Exclusive,
         CacheMode::Inclusive => Mode::Inclusive,
     };
+    let write = match args.write_policy {
+        WriteMode::Through => WritePolicy::Through,
+        WriteMode::Back => WritePolicy::Back {
+            max_dirty_bytes: parse_size(&args.max_dirty)
+                .with_context(|| format!("--max-dirty {}", args.max_dirty))?,
+            max_age: std::time::Duration::from_millis(args.max_dirty_age.max(1)),
+        },
+    };
     let mut specs: Vec<(String, String)> = Vec::new();
     for (i, spec) in args.exports.iter().enumerate() {
         let Some((name, backing)) = spec.split_once('=') else {
@@ -156,7 +183,7 @@ pub fn run(args: NbdArgs) -> anyhow::Result<()> {
                 pool: *pool,
                 object: object as u64,
             });
-            let config = CacheConfig { local_pages, mode, ..CacheConfig::default() };
+            let config = CacheConfig { local_pages, mode, write, ..CacheConfig::default() };
             let cache = CacheLayer::new(backing, tier, config);
             tracing::info!(export = %name, backing = %spec, size = cache.size(), "export ready");
             exports.push(Arc::new(Export {
