@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fallow_core::ListenAddr;
+use fallow_net::{spawn_accept_loop, Listener};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -36,69 +36,17 @@ impl NbdServer {
         let mut bound = Vec::new();
         let mut unix_paths = Vec::new();
         for addr in listen {
-            match addr {
-                ListenAddr::Tcp(addr) => {
-                    let listener = TcpListener::bind(addr).await.map_err(|e| {
-                        io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}"))
-                    })?;
-                    let local = listener.local_addr()?;
-                    tracing::info!(addr = %local, "NBD listening on TCP");
-                    bound.push(ListenAddr::Tcp(local));
-                    let (exports, shutdown, t) = (exports.clone(), shutdown.clone(), tasks.clone());
-                    tasks.spawn(async move {
-                        loop {
-                            let accepted = tokio::select! {
-                                _ = shutdown.cancelled() => return,
-                                accepted = listener.accept() => accepted,
-                            };
-                            match accepted {
-                                Ok((stream, peer)) => {
-                                    let _ = stream.set_nodelay(true);
-                                    t.spawn(connection(
-                                        stream,
-                                        peer.to_string(),
-                                        exports.clone(),
-                                        shutdown.clone(),
-                                    ));
-                                }
-                                Err(err) => accept_failed(err).await,
-                            }
-                        }
-                    });
-                }
-                ListenAddr::Unix(path) => {
-                    fallow_core::prepare_unix_socket(path)?;
-                    let listener = UnixListener::bind(path).map_err(|e| {
-                        io::Error::new(
-                            e.kind(),
-                            format!("cannot listen on {}: {e}", path.display()),
-                        )
-                    })?;
-                    tracing::info!(path = %path.display(), "NBD listening on a Unix socket");
-                    bound.push(addr.clone());
-                    unix_paths.push(path.clone());
-                    let (exports, shutdown, t) = (exports.clone(), shutdown.clone(), tasks.clone());
-                    tasks.spawn(async move {
-                        loop {
-                            let accepted = tokio::select! {
-                                _ = shutdown.cancelled() => return,
-                                accepted = listener.accept() => accepted,
-                            };
-                            match accepted {
-                                Ok((stream, _)) => {
-                                    t.spawn(connection(
-                                        stream,
-                                        "unix".into(),
-                                        exports.clone(),
-                                        shutdown.clone(),
-                                    ));
-                                }
-                                Err(err) => accept_failed(err).await,
-                            }
-                        }
-                    });
-                }
+            let listener = Listener::bind(addr).await?;
+            let local = listener.local_addr()?;
+            tracing::info!(addr = %local, "NBD listening");
+            if let ListenAddr::Unix(path) = &local {
+                unix_paths.push(path.clone());
             }
+            bound.push(local);
+            let (exports, stop) = (exports.clone(), shutdown.clone());
+            spawn_accept_loop(listener, shutdown.clone(), tasks.clone(), move |stream, peer| {
+                Some(connection(stream, peer, exports.clone(), stop.clone()))
+            });
         }
         Ok(NbdServer { bound, unix_paths, shutdown, tasks })
     }
@@ -124,14 +72,9 @@ impl NbdServer {
             tracing::warn!("NBD connections still busy after 10 s; leaving them");
         }
         for path in &self.unix_paths {
-            let _ = std::fs::remove_file(path);
+            Listener::remove_socket_file(path);
         }
     }
-}
-
-async fn accept_failed(err: io::Error) {
-    tracing::warn!(%err, "accept failed");
-    tokio::time::sleep(Duration::from_millis(50)).await;
 }
 
 async fn connection<S>(

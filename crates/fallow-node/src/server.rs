@@ -3,11 +3,11 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::{TcpListener, UnixListener};
+use fallow_net::{spawn_accept_loop, Listener};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -39,34 +39,22 @@ impl Server {
         let mut bound = Vec::new();
         let mut unix_paths = Vec::new();
         for addr in node.config().listen.clone() {
-            match addr {
-                ListenAddr::Tcp(addr) => {
-                    let listener = TcpListener::bind(addr).await.map_err(|e| {
-                        io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}"))
-                    })?;
-                    let local = listener.local_addr()?;
-                    tracing::info!(addr = %local, "listening on TCP");
-                    bound.push(ListenAddr::Tcp(local));
-                    tasks.spawn(accept_tcp(
-                        node.clone(),
-                        listener,
-                        shutdown.clone(),
-                        tasks.clone(),
-                    ));
-                }
+            let listener = Listener::bind(&addr).await?;
+            let local = listener.local_addr()?;
+            match &local {
+                // Tests and scripts read the port chosen for port 0 from this line.
+                ListenAddr::Tcp(addr) => tracing::info!(%addr, "listening on TCP"),
                 ListenAddr::Unix(path) => {
-                    let listener = bind_unix(&path)?;
                     tracing::info!(path = %path.display(), "listening on a Unix socket");
-                    bound.push(ListenAddr::Unix(path.clone()));
-                    unix_paths.push(path);
-                    tasks.spawn(accept_unix(
-                        node.clone(),
-                        listener,
-                        shutdown.clone(),
-                        tasks.clone(),
-                    ));
+                    unix_paths.push(path.clone());
                 }
             }
+            bound.push(local);
+            let (node, stop) = (node.clone(), shutdown.clone());
+            spawn_accept_loop(listener, shutdown.clone(), tasks.clone(), move |stream, peer| {
+                (!over_limit(&node, &peer))
+                    .then(|| connection::serve(node.clone(), stream, peer, stop.clone()))
+            });
         }
         let metrics = match node.config().metrics {
             Some(addr) => {
@@ -112,17 +100,10 @@ impl Server {
             tracing::warn!("connections still open after {DRAIN_TIMEOUT:?}; leaving them");
         }
         for path in &self.unix_paths {
-            let _ = std::fs::remove_file(path);
+            Listener::remove_socket_file(path);
         }
         tracing::info!("node stopped");
     }
-}
-
-/// Binds a Unix socket, replacing a stale socket file (`fallow_core::prepare_unix_socket`).
-fn bind_unix(path: &Path) -> io::Result<UnixListener> {
-    fallow_core::prepare_unix_socket(path)?;
-    UnixListener::bind(path)
-        .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {}: {e}", path.display())))
 }
 
 /// True (and logged, counted) when the node already serves its maximum of connections.
@@ -134,63 +115,6 @@ fn over_limit(node: &Node, peer: &str) -> bool {
         return true;
     }
     false
-}
-
-async fn accept_tcp(
-    node: Arc<Node>,
-    listener: TcpListener,
-    shutdown: CancellationToken,
-    tasks: TaskTracker,
-) {
-    loop {
-        let accepted = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            accepted = listener.accept() => accepted,
-        };
-        match accepted {
-            Ok((stream, peer)) => {
-                let peer = peer.to_string();
-                if over_limit(&node, &peer) {
-                    continue;
-                }
-                // Replies are small and latency matters more than packet count.
-                let _ = stream.set_nodelay(true);
-                tasks.spawn(connection::serve(node.clone(), stream, peer, shutdown.clone()));
-            }
-            Err(err) => accept_failed(err).await,
-        }
-    }
-}
-
-async fn accept_unix(
-    node: Arc<Node>,
-    listener: UnixListener,
-    shutdown: CancellationToken,
-    tasks: TaskTracker,
-) {
-    loop {
-        let accepted = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            accepted = listener.accept() => accepted,
-        };
-        match accepted {
-            Ok((stream, _)) => {
-                let peer = "unix".to_string();
-                if over_limit(&node, &peer) {
-                    continue;
-                }
-                tasks.spawn(connection::serve(node.clone(), stream, peer, shutdown.clone()));
-            }
-            Err(err) => accept_failed(err).await,
-        }
-    }
-}
-
-/// Accept errors are usually transient (out of file descriptors, a peer that reset
-/// before accept): log, back off briefly, go on.
-async fn accept_failed(err: io::Error) {
-    tracing::warn!(%err, "accept failed");
-    tokio::time::sleep(Duration::from_millis(50)).await;
 }
 
 /// Destroys the pools of clients whose lease ran out, a few times per lease.

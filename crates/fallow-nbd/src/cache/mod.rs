@@ -406,21 +406,7 @@ impl CacheLayer {
                 .map(|(i, b)| (pieces[*i].page, b))
                 .collect();
             if !pages.is_empty() && s.pool_trusted.load(Relaxed) {
-                let keys = self.keys(pool, &pages.iter().map(|(p, _)| *p).collect::<Vec<_>>());
-                let mut data = BytesMut::with_capacity(pages.len() * PAGE_SIZE);
-                for (_, b) in &pages {
-                    data.extend_from_slice(b);
-                }
-                match pool.store.put_many(&keys, data.freeze()).await {
-                    Ok(outcomes) => {
-                        let stored = outcomes.iter().filter(|o| **o == PutOutcome::Stored).count();
-                        s.stats.pool_puts.fetch_add(stored as u64, Relaxed);
-                    }
-                    Err(err) => {
-                        s.stats.pool_errors.fetch_add(1, Relaxed);
-                        tracing::debug!(%err, "pool populate failed");
-                    }
-                }
+                put_into_pool(s, pool, &pages, "populate").await;
             }
         }
     }
@@ -624,6 +610,27 @@ impl CacheLayer {
     }
 }
 
+/// Puts clean pages into the pool in one batch; a failure is counted and logged, never an
+/// error (the pages are clean: losing them costs a re-read).
+async fn put_into_pool(s: &Shared, pool: &PoolTier, pages: &[(u64, &Bytes)], what: &str) {
+    let keys: Vec<PageKey> =
+        pages.iter().map(|(p, _)| PageKey::new(pool.pool, pool.object, *p)).collect();
+    let mut data = BytesMut::with_capacity(pages.len() * PAGE_SIZE);
+    for (_, b) in pages {
+        data.extend_from_slice(b);
+    }
+    match pool.store.put_many(&keys, data.freeze()).await {
+        Ok(outcomes) => {
+            let stored = outcomes.iter().filter(|o| **o == PutOutcome::Stored).count();
+            s.stats.pool_puts.fetch_add(stored as u64, Relaxed);
+        }
+        Err(err) => {
+            s.stats.pool_errors.fetch_add(1, Relaxed);
+            tracing::debug!(%err, what, "putting pages into the pool failed");
+        }
+    }
+}
+
 /// Writes dirty pages to the backing store (all of them, or those in `only`), in runs of
 /// consecutive pages, and forgets each page written unless it was written again meanwhile.
 /// Flushes are serialised, so a FLUSH that returns has seen every page dirty when it began.
@@ -694,24 +701,8 @@ async fn demoter(cache: std::sync::Weak<Shared>, mut rx: mpsc::Receiver<(u64, By
             let items: Vec<&(u64, Bytes, Ticket)> =
                 batch.iter().filter(|(_, _, t)| valid.contains(t)).collect();
             if !items.is_empty() {
-                let keys: Vec<PageKey> = items
-                    .iter()
-                    .map(|(p, _, _)| PageKey::new(pool.pool, pool.object, *p))
-                    .collect();
-                let mut data = BytesMut::with_capacity(items.len() * PAGE_SIZE);
-                for (_, b, _) in &items {
-                    data.extend_from_slice(b);
-                }
-                match pool.store.put_many(&keys, data.freeze()).await {
-                    Ok(outcomes) => {
-                        let stored = outcomes.iter().filter(|o| **o == PutOutcome::Stored).count();
-                        s.stats.pool_puts.fetch_add(stored as u64, Relaxed);
-                    }
-                    Err(err) => {
-                        s.stats.pool_errors.fetch_add(1, Relaxed);
-                        tracing::debug!(%err, "demotion to the pool failed");
-                    }
-                }
+                let pages: Vec<(u64, &Bytes)> = items.iter().map(|(p, b, _)| (*p, b)).collect();
+                put_into_pool(&s, pool, &pages, "demotion").await;
             }
         }
         batch.clear();

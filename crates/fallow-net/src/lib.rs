@@ -1,0 +1,117 @@
+//! Listening sockets shared by fallow's servers (the node, the NBD server): bind a TCP
+//! address or a Unix socket, and accept connections until shut down, each handed to the
+//! server as one boxed stream so that a server is written once for both kinds.
+//!
+//! # Components
+//! [`Listener`]: one bound socket. [`spawn_accept_loop`]: its accept loop.
+
+use std::future::Future;
+use std::io;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use fallow_core::ListenAddr;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, UnixListener};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// A connected byte stream of either kind.
+pub trait Stream: AsyncRead + AsyncWrite + Send + Unpin {}
+
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Stream for T {}
+
+/// One accepted connection and a name for its peer (`IP:PORT`, or `unix`).
+pub type Accepted = (Box<dyn Stream>, String);
+
+/// A bound listening socket.
+#[derive(Debug)]
+pub enum Listener {
+    /// TCP.
+    Tcp(TcpListener),
+    /// A Unix socket at this path (removed by [`Listener::remove_socket_file`]).
+    Unix(UnixListener, PathBuf),
+}
+
+impl Listener {
+    /// Binds `addr`. A stale Unix socket file (no process listening) is replaced; a live
+    /// one, or a file that is not a socket, is an error. Errors name the address.
+    pub async fn bind(addr: &ListenAddr) -> io::Result<Listener> {
+        match addr {
+            ListenAddr::Tcp(addr) => TcpListener::bind(addr)
+                .await
+                .map(Listener::Tcp)
+                .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}"))),
+            ListenAddr::Unix(path) => {
+                fallow_core::prepare_unix_socket(path)?;
+                UnixListener::bind(path).map(|l| Listener::Unix(l, path.clone())).map_err(|e| {
+                    io::Error::new(e.kind(), format!("cannot listen on {}: {e}", path.display()))
+                })
+            }
+        }
+    }
+
+    /// The address bound (with the port the OS chose for port 0).
+    pub fn local_addr(&self) -> io::Result<ListenAddr> {
+        match self {
+            Listener::Tcp(l) => l.local_addr().map(ListenAddr::Tcp),
+            Listener::Unix(_, path) => Ok(ListenAddr::Unix(path.clone())),
+        }
+    }
+
+    /// Accepts one connection. TCP connections get `TCP_NODELAY`: fallow's requests and
+    /// replies are latency-bound, never worth delaying to fill a packet.
+    pub async fn accept(&self) -> io::Result<Accepted> {
+        match self {
+            Listener::Tcp(l) => {
+                let (stream, peer) = l.accept().await?;
+                let _ = stream.set_nodelay(true);
+                Ok((Box::new(stream), peer.to_string()))
+            }
+            Listener::Unix(l, _) => {
+                let (stream, _) = l.accept().await?;
+                Ok((Box::new(stream), "unix".to_string()))
+            }
+        }
+    }
+
+    /// Removes the socket file of a Unix listener (after it has stopped).
+    pub fn remove_socket_file(path: &std::path::Path) {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// Spawns on `tasks` a loop that accepts connections until `shutdown` and spawns (on
+/// `tasks` too) the future `serve` makes for each, or drops the connection when `serve`
+/// returns `None` (a connection limit, say). Accept errors (out of file descriptors, a peer
+/// that reset first) are logged and retried after a short pause.
+pub fn spawn_accept_loop<F, Fut>(
+    listener: Listener,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+    serve: F,
+) where
+    F: Fn(Box<dyn Stream>, String) -> Option<Fut> + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let spawner = tasks.clone();
+    tasks.spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                accepted = listener.accept() => accepted,
+            };
+            match accepted {
+                Ok((stream, peer)) => {
+                    if let Some(connection) = serve(stream, peer) {
+                        spawner.spawn(connection);
+                    }
+                }
+                Err(err) => {
+                    tracing::warn!(%err, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    });
+}
