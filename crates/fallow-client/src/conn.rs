@@ -275,8 +275,11 @@ async fn read_replies(conn: Arc<Conn>, mut reader: Reader, mut input: BytesMut) 
                     None => tracing::debug!(id = frame.id, "late reply dropped"),
                 }
             }
-            if input.capacity() - input.len() < 16 * 1024 {
-                input.reserve(64 * 1024);
+            // Read in large gulps: pipelined batch replies arrive as megabytes at a time,
+            // and a socket drained in small reads let loopback TCP drop segments and wait
+            // for a retransmission (p99 of 100+ ms at 8 batches of 32 pages in flight).
+            if input.capacity() - input.len() < 256 * 1024 {
+                input.reserve(1024 * 1024);
             }
             tokio::select! {
                 _ = conn.stop.cancelled() => return Ok(()),
