@@ -12,14 +12,16 @@
 //! # Components
 //! [`NbdServer`]: listeners and connections. [`Export`]: a name and its cache.
 //! [`handshake`], [`transmission`], [`validate`]: the protocol phases.
-//! [`cache`]: the cache layer of one export.
+//! [`cache`]: the cache layer of one export. [`NbdMetrics`]: Prometheus metrics.
 
 pub mod cache;
 pub mod export;
 pub mod handshake;
+pub mod metrics;
 pub mod server;
 pub mod transmission;
 pub mod validate;
 
 pub use export::Export;
+pub use metrics::NbdMetrics;
 pub use server::NbdServer;

@@ -12,12 +12,15 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::export::Export;
+use crate::metrics::NbdMetrics;
 use crate::{handshake, transmission};
 
 /// A running NBD server.
 #[derive(Debug)]
 pub struct NbdServer {
     bound: Vec<ListenAddr>,
+    metrics: Arc<NbdMetrics>,
+    metrics_addr: Option<std::net::SocketAddr>,
     unix_paths: Vec<PathBuf>,
     shutdown: CancellationToken,
     tasks: TaskTracker,
@@ -25,14 +28,19 @@ pub struct NbdServer {
 
 impl NbdServer {
     /// Binds every address and serves `exports` (the first is also the default export)
-    /// on the current tokio runtime.
-    pub async fn start(listen: &[ListenAddr], exports: Vec<Arc<Export>>) -> io::Result<NbdServer> {
+    /// on the current tokio runtime; serves Prometheus metrics on `metrics` if given.
+    pub async fn start(
+        listen: &[ListenAddr],
+        exports: Vec<Arc<Export>>,
+        metrics: Option<std::net::SocketAddr>,
+    ) -> io::Result<NbdServer> {
         if exports.is_empty() {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "no export to serve"));
         }
         let exports: Arc<[Arc<Export>]> = exports.into();
         let shutdown = CancellationToken::new();
         let tasks = TaskTracker::new();
+        let counters = Arc::new(NbdMetrics::new());
         let mut bound = Vec::new();
         let mut unix_paths = Vec::new();
         for addr in listen {
@@ -43,12 +51,20 @@ impl NbdServer {
                 unix_paths.push(path.clone());
             }
             bound.push(local);
-            let (exports, stop) = (exports.clone(), shutdown.clone());
+            let (exports, stop, counters) = (exports.clone(), shutdown.clone(), counters.clone());
             spawn_accept_loop(listener, shutdown.clone(), tasks.clone(), move |stream, peer| {
-                Some(connection(stream, peer, exports.clone(), stop.clone()))
+                Some(connection(stream, peer, exports.clone(), stop.clone(), counters.clone()))
             });
         }
-        Ok(NbdServer { bound, unix_paths, shutdown, tasks })
+        let metrics_addr = match metrics {
+            Some(addr) => {
+                let (exports, counters) = (exports.clone(), counters.clone());
+                let render = move || counters.render(&exports);
+                Some(fallow_net::serve_metrics(addr, shutdown.clone(), render).await?)
+            }
+            None => None,
+        };
+        Ok(NbdServer { bound, metrics: counters, metrics_addr, unix_paths, shutdown, tasks })
     }
 
     /// The addresses bound (with the ports chosen for port 0).
@@ -62,6 +78,16 @@ impl NbdServer {
             ListenAddr::Tcp(addr) => Some(*addr),
             ListenAddr::Unix(_) => None,
         })
+    }
+
+    /// The metrics endpoint, if one is served.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// The counters.
+    pub fn metrics(&self) -> &Arc<NbdMetrics> {
+        &self.metrics
     }
 
     /// Stops accepting; connections finish the requests they have read and close.
@@ -82,6 +108,7 @@ async fn connection<S>(
     peer: String,
     exports: Arc<[Arc<Export>]>,
     shutdown: CancellationToken,
+    metrics: Arc<NbdMetrics>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -95,7 +122,12 @@ async fn connection<S>(
         Err(_) => return tracing::info!(%peer, "negotiation timed out"),
     };
     tracing::info!(%peer, export = %session.export.name, structured = session.structured, "NBD client connected");
-    if let Err(err) = transmission::serve(stream, session, input, peer.clone(), shutdown).await {
+    metrics.connections.inc();
+    metrics.connections_total.inc();
+    let served =
+        transmission::serve(stream, session, input, peer.clone(), shutdown, metrics.clone()).await;
+    metrics.connections.dec();
+    if let Err(err) = served {
         tracing::info!(%peer, %err, "NBD connection ended with an error");
     }
 }

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::export::MAX_PAYLOAD;
 use crate::handshake::{Session, BASE_ALLOCATION_ID};
+use crate::metrics::NbdMetrics;
 use crate::validate::{errno, validate};
 
 /// Requests one connection may have executing at once; more wait to be read.
@@ -31,6 +32,7 @@ pub async fn serve<S>(
     mut input: BytesMut,
     peer: String,
     shutdown: CancellationToken,
+    metrics: Arc<NbdMetrics>,
 ) -> io::Result<()>
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
@@ -68,6 +70,7 @@ where
             let export = &session.export;
             if let Err((error, message)) = validate(&request, &session, export) {
                 tracing::debug!(%peer, cmd = request.cmd.name(), error, %message, "request refused");
+                metrics.request(request.cmd.name(), "refused", 0.0, 0);
                 let mut out = BytesMut::new();
                 encode_error(&mut out, &session, &request, error, &message);
                 if tx.send(out).await.is_err() {
@@ -76,9 +79,13 @@ where
                 continue;
             }
             let permit = slots.clone().acquire_owned().await.map_err(io::Error::other)?;
-            let (session, tx) = (session.clone(), tx.clone());
+            let (session, tx, metrics) = (session.clone(), tx.clone(), metrics.clone());
             tokio::spawn(async move {
-                let out = execute(&session, &request, payload).await;
+                let started = std::time::Instant::now();
+                let (out, ok) = execute(&session, &request, payload).await;
+                let bytes = if ok && matches!(request.cmd, Cmd::Read | Cmd::Write) { request.length as u64 } else { 0 };
+                let result = if ok { "ok" } else { "error" };
+                metrics.request(request.cmd.name(), result, started.elapsed().as_secs_f64(), bytes);
                 let _ = tx.send(out).await;
                 drop(permit);
             });
@@ -112,8 +119,8 @@ async fn write_replies<W: AsyncWrite + Unpin>(
     writer.shutdown().await
 }
 
-/// Executes a checked request and encodes its reply.
-async fn execute(session: &Session, request: &Request, payload: Bytes) -> BytesMut {
+/// Executes a checked request and encodes its reply; says whether it succeeded.
+async fn execute(session: &Session, request: &Request, payload: Bytes) -> (BytesMut, bool) {
     let cache = &session.export.cache;
     let mut out = BytesMut::new();
     let fua = request.flags & NBD_CMD_FLAG_FUA != 0;
@@ -151,12 +158,13 @@ async fn execute(session: &Session, request: &Request, payload: Bytes) -> BytesM
         Cmd::BlockStatus => match block_status(session, request).await {
             Ok(chunk) => {
                 chunk.encode(&mut out);
-                return out;
+                return (out, true);
             }
             Err(err) => Err(err),
         },
         Cmd::Disc | Cmd::Unknown(_) => Ok(None),
     };
+    let ok = result.is_ok();
     match result {
         Ok(Some(data)) if session.structured => {
             if data.is_empty() {
@@ -184,7 +192,7 @@ async fn execute(session: &Session, request: &Request, payload: Bytes) -> BytesM
             encode_error(&mut out, session, request, errno(&err), &err.to_string());
         }
     }
-    out
+    (out, ok)
 }
 
 /// The `base:allocation` extents of a range, from the backing store.

@@ -4,6 +4,7 @@
 //!
 //! # Components
 //! [`Listener`]: one bound socket. [`spawn_accept_loop`]: its accept loop.
+//! [`serve_metrics`]: a Prometheus `/metrics` endpoint.
 
 use std::future::Future;
 use std::io;
@@ -114,4 +115,46 @@ pub fn spawn_accept_loop<F, Fut>(
             }
         }
     });
+}
+
+/// Serves `render()` as Prometheus text at `http://ADDR/metrics` until `shutdown`.
+/// Returns the bound address (port 0 picks a free one).
+pub async fn serve_metrics<F>(
+    addr: std::net::SocketAddr,
+    shutdown: CancellationToken,
+    render: F,
+) -> io::Result<std::net::SocketAddr>
+where
+    F: Fn() -> String + Clone + Send + Sync + 'static,
+{
+    use axum::routing::get;
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot serve metrics on {addr}: {e}")))?;
+    let bound = listener.local_addr()?;
+    let app = axum::Router::new().route(
+        "/metrics",
+        get(move || {
+            let render = render.clone();
+            async move {
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )],
+                    render(),
+                )
+            }
+        }),
+    );
+    tokio::spawn(async move {
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await;
+        if let Err(err) = served {
+            tracing::error!(%err, "metrics endpoint failed");
+        }
+    });
+    tracing::info!(%bound, "serving metrics at http://{bound}/metrics");
+    Ok(bound)
 }

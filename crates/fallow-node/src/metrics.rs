@@ -300,32 +300,5 @@ pub async fn serve(
     addr: SocketAddr,
     shutdown: CancellationToken,
 ) -> std::io::Result<SocketAddr> {
-    use axum::routing::get;
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let bound = listener.local_addr()?;
-    let app = axum::Router::new().route(
-        "/metrics",
-        get(move || {
-            let node = node.clone();
-            async move {
-                (
-                    [(
-                        axum::http::header::CONTENT_TYPE,
-                        "text/plain; version=0.0.4; charset=utf-8",
-                    )],
-                    node.metrics().render(&node),
-                )
-            }
-        }),
-    );
-    tokio::spawn(async move {
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { shutdown.cancelled().await })
-            .await;
-        if let Err(err) = served {
-            tracing::error!(%err, "metrics endpoint failed");
-        }
-    });
-    tracing::info!(%bound, "serving metrics at http://{bound}/metrics");
-    Ok(bound)
+    fallow_net::serve_metrics(addr, shutdown, move || node.metrics().render(&node)).await
 }

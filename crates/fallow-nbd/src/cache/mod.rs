@@ -247,6 +247,11 @@ impl CacheLayer {
         self.shared.local.len()
     }
 
+    /// Bytes acknowledged but not yet written to the backing store (write-back).
+    pub fn dirty_bytes(&self) -> u64 {
+        self.shared.dirty.bytes()
+    }
+
     /// False while the pool is skipped after a failed invalidation.
     pub fn pool_trusted(&self) -> bool {
         self.shared.pool_trusted.load(Relaxed)

@@ -59,6 +59,10 @@ pub struct NbdArgs {
     /// Refuse writes on every export.
     #[arg(long)]
     read_only: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics (requests by command, latency,
+    /// cache hits per tier, backing-store reads, dirty data).
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
 }
 
 /// `--write-policy`.
@@ -194,7 +198,7 @@ pub fn run(args: NbdArgs) -> anyhow::Result<()> {
             }));
         }
         let names: Vec<String> = exports.iter().map(|e| e.name.clone()).collect();
-        let server = NbdServer::start(&listen, exports).await?;
+        let server = NbdServer::start(&listen, exports, args.metrics).await?;
         for addr in server.local_addrs() {
             for name in &names {
                 match addr {

@@ -44,6 +44,9 @@ pub struct UpArgs {
     /// No status line.
     #[arg(long)]
     quiet: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
 }
 
 fn default_data_dir() -> PathBuf {
@@ -110,7 +113,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
             cache: cache.clone(),
             read_only: false,
         });
-        let server = NbdServer::start(std::slice::from_ref(&args.listen), vec![export]).await?;
+        let server = NbdServer::start(std::slice::from_ref(&args.listen), vec![export], args.metrics).await?;
         let uri = match &server.local_addrs()[0] {
             ListenAddr::Tcp(addr) => format!("nbd://{addr}/disk"),
             ListenAddr::Unix(path) => format!("nbd+unix:///disk?socket={}", path.display()),
