@@ -1,30 +1,16 @@
 //! The `fallow bench pages` command, run as a user would: a real memcached on 127.0.0.1
 //! (skipped, with a message, when the binary is missing), a real process, exit codes.
 
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+mod support;
 
-fn fallow() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_fallow"))
-}
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
-/// A memcached child process, killed (by its PID) when dropped.
-struct Memcached(Child);
-
-impl Drop for Memcached {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+use support::{fallow, free_port, KillOnDrop};
 
 /// Starts memcached on a free port, or returns `None` (and says so) if it is not installed.
-fn start_memcached() -> Option<(Memcached, u16)> {
+fn start_memcached() -> Option<(KillOnDrop, u16)> {
     let port = free_port();
     let root = std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
         s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
@@ -35,17 +21,16 @@ fn start_memcached() -> Option<(Memcached, u16)> {
         cmd.args(["-u", "root"]);
     }
     let child = match cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn() {
-        Ok(child) => Memcached(child),
+        Ok(child) => KillOnDrop::new(child),
         Err(e) => {
             eprintln!("skipping: cannot start memcached ({e}); apt-get install memcached");
             return None;
         }
     };
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "memcached did not listen on {port} within 5 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert!(
+        support::port_opens(port, Duration::from_secs(5)),
+        "memcached did not listen on {port} within 5 s"
+    );
     Some((child, port))
 }
 
@@ -101,16 +86,6 @@ fn an_unreachable_server_fails_and_names_it() {
     assert!(stderr.contains("cannot connect to") && stderr.contains(&target), "{stderr}");
 }
 
-/// A `fallow node` child process, killed (by its PID) when dropped.
-struct NodeProcess(Child);
-
-impl Drop for NodeProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn json_report_against_a_fallow_node() {
     let dir = std::env::temp_dir().join(format!("fallow-bench-cli-{}", std::process::id()));
@@ -118,21 +93,20 @@ fn json_report_against_a_fallow_node() {
     let secret = dir.join("secret");
     std::fs::write(&secret, "0123456789abcdef0123456789abcdef\n").unwrap();
     let port = free_port();
-    let child = fallow()
-        .args(["node", "--listen", &format!("127.0.0.1:{port}"), "--lend", "64M"])
-        .arg("--secret-file")
-        .arg(&secret)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut node = NodeProcess(child);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(node.0.try_wait().unwrap().is_none(), "the node exited");
-        assert!(Instant::now() < deadline, "the node did not listen on {port} within 10 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut node = KillOnDrop::spawn(
+        fallow()
+            .args(["node", "--listen", &format!("127.0.0.1:{port}"), "--lend", "64M"])
+            .arg("--secret-file")
+            .arg(&secret)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    let listening = support::poll_until(Duration::from_secs(10), || {
+        let up = TcpStream::connect(("127.0.0.1", port)).is_ok();
+        assert!(up || node.is_running(), "the node exited");
+        up
+    });
+    assert!(listening, "the node did not listen on {port} within 10 s");
     let out = fallow()
         .args(["bench", "pages", "--target", &format!("fallow://127.0.0.1:{port}")])
         .arg("--secret-file")

@@ -1,11 +1,10 @@
 //! The `fallow trace` command, run as a user would: real files, real process, exit codes.
 
-use std::path::PathBuf;
-use std::process::Command;
+mod support;
 
-fn fallow() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_fallow"))
-}
+use std::path::PathBuf;
+
+use support::fallow;
 
 /// A LIRS-format trace in a fresh temporary file: a loop of 20 pages, 10 times.
 fn loop_trace(name: &str) -> PathBuf {

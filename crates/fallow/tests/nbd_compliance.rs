@@ -13,14 +13,14 @@
 //!
 //! `NBD_COMPLIANCE_ONLY=fio,nbdsh cargo test -p fallow --test nbd_compliance` runs a subset.
 
+mod support;
+
 use std::fs::File;
-use std::io::{BufRead, BufReader};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use support::{Daemon, ProcessGroup, TempDir};
 
 /// The scripts, by the name that also names their export: `test-NAME.sh`.
 const SCRIPTS: &[&str] = &["qemu-img", "qemu-io", "nbdinfo", "nbdsh", "nbdcopy", "fio", "ext4"];
@@ -117,7 +117,7 @@ fn read_only_file_local_pool() {
 /// Starts a server with one export per script and `args`, runs the scripts against it,
 /// and fails with every failing script's output.
 fn run_suite(config: &str, backing: Backing, args: &[&str], scripts: &[&'static str]) {
-    if !command_works("bash", &["--version"]) {
+    if !support::command_works("bash", &["--version"]) {
         eprintln!("skipping {config}: bash is not installed");
         return;
     }
@@ -126,17 +126,17 @@ fn run_suite(config: &str, backing: Backing, args: &[&str], scripts: &[&'static 
         println!("{config}: no script selected");
         return;
     }
-    let dir = TempDir::new(config);
+    let dir = TempDir::new(&format!("nbd-compliance-{config}"));
     let exports: Vec<(String, Option<PathBuf>)> = scripts
         .iter()
         .map(|name| match backing {
             Backing::File => {
-                let image = dir.0.join(format!("{name}.img"));
+                let image = dir.path().join(format!("{name}.img"));
                 (format!("{name}=file:{},size={EXPORT_SIZE}", image.display()), Some(image))
             }
             Backing::Mem => (format!("{name}=mem:{EXPORT_SIZE}"), None),
             Backing::Pattern => {
-                let image = dir.0.join(format!("{name}.img"));
+                let image = dir.path().join(format!("{name}.img"));
                 write_pattern(&image, EXPORT_BYTES);
                 (format!("{name}={}", image.display()), Some(image))
             }
@@ -157,7 +157,7 @@ fn run_suite(config: &str, backing: Backing, args: &[&str], scripts: &[&'static 
         .zip(&exports)
         .map(|(name, (_, image))| {
             let uri = format!("{}{name}", server.base_uri);
-            let scratch = dir.0.join(format!("{name}.run"));
+            let scratch = dir.path().join(format!("{name}.run"));
             std::fs::create_dir_all(&scratch).unwrap();
             let image = image.clone();
             let name = name.to_string();
@@ -186,8 +186,8 @@ fn run_suite(config: &str, backing: Backing, args: &[&str], scripts: &[&'static 
         }
     }
     println!("{config}: all scripts done in {:?}", started.elapsed());
-    let log = server.log_so_far();
-    let alive = server.is_running();
+    let log = server.daemon.log_so_far();
+    let alive = server.daemon.is_running();
     assert!(
         failures.is_empty() && alive && !log.contains("panicked"),
         "{config}: {} of {} scripts failed; server still running: {alive}\n{}\n\
@@ -257,14 +257,13 @@ fn run_script(
         .current_dir(scratch)
         .stdin(Stdio::null())
         .stdout(append())
-        .stderr(append())
-        // Its own process group, so that a timeout stops the tools it started too.
-        .process_group(0);
+        .stderr(append());
     match image {
         Some(image) => cmd.env("BACKING_FILE", image),
         None => cmd.env_remove("BACKING_FILE"),
     };
-    let mut child = ProcessGroup(cmd.spawn().unwrap());
+    // Its own process group, so that a timeout stops the tools it started too.
+    let mut child = ProcessGroup::spawn(&mut cmd);
     let status = child.wait_until(started + SCRIPT_TIMEOUT);
     let output = std::fs::read_to_string(&out).unwrap_or_default();
     let result = match status {
@@ -283,132 +282,35 @@ fn scripts_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/compliance/nbd")
 }
 
-/// A script and everything it started, in one process group. Dropping it (a timeout, a
-/// panic) signals the group: SIGTERM first, so that the script's EXIT trap unmounts and
-/// detaches what it set up, then SIGKILL.
-struct ProcessGroup(Child);
-
-impl ProcessGroup {
-    /// The exit status, or `None` if `deadline` passed first (the group is then stopped).
-    fn wait_until(&mut self, deadline: Instant) -> Option<ExitStatus> {
-        loop {
-            if let Some(status) = self.0.try_wait().unwrap() {
-                return Some(status);
-            }
-            if Instant::now() >= deadline {
-                self.stop();
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn stop(&mut self) {
-        let group = format!("-{}", self.0.id());
-        let _ = Command::new("kill").args(["-TERM", "--", &group]).status();
-        let grace = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < grace && matches!(self.0.try_wait(), Ok(None)) {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = Command::new("kill").args(["-KILL", "--", &group]).stderr(Stdio::null()).status();
-        let _ = self.0.wait();
-    }
-}
-
-impl Drop for ProcessGroup {
-    fn drop(&mut self) {
-        if matches!(self.0.try_wait(), Ok(None)) {
-            self.stop();
-        }
-    }
-}
-
-/// A running `fallow nbd`, killed by its PID when dropped.
+/// A running `fallow nbd` (killed by its PID when dropped).
 struct Server {
-    child: Child,
+    daemon: Daemon,
     /// `nbd://127.0.0.1:PORT/`, to which an export name is appended.
     base_uri: String,
-    /// Every stderr line so far, kept by a thread that drains the pipe for the server's
-    /// whole life, so that it never blocks on a full pipe.
-    log: Arc<Mutex<Vec<String>>>,
 }
 
 impl Server {
     /// Starts `fallow nbd ARGS` and learns its address from its `serving` lines.
     fn start(args: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_fallow"))
-            .arg("nbd")
-            .args(args)
-            .env("FALLOW_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (send, lines) = mpsc::channel();
-        let keep = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                keep.lock().unwrap().push(line.clone());
-                let _ = send.send(line);
-            }
-        });
-        let mut server = Server { child, base_uri: String::new(), log };
-        server.base_uri = server.wait_for_uri(&lines);
-        server
-    }
-
-    fn wait_for_uri(&mut self, lines: &Receiver<String>) -> String {
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            match lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                Ok(line) => {
-                    if let Some(base) = serving_base_uri(&line) {
-                        return base;
-                    }
-                }
-                Err(RecvTimeoutError::Timeout) => {
-                    panic!("no `serving` line within {START_TIMEOUT:?}:\n{}", self.log_so_far())
-                }
-                Err(RecvTimeoutError::Disconnected) => {
-                    let status = self.child.wait().unwrap();
-                    panic!("fallow nbd exited ({status}) before serving:\n{}", self.log_so_far())
-                }
-            }
-        }
-    }
-
-    fn log_so_far(&self) -> String {
-        self.log.lock().unwrap().join("\n")
-    }
-
-    fn is_running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
+        let (daemon, base_uri) = Daemon::start(
+            "fallow nbd",
+            support::fallow().arg("nbd").args(args).env("FALLOW_LOG", "info").stdin(Stdio::null()),
+            "`serving` line",
+            START_TIMEOUT,
+            serving_base_uri,
+        );
+        Server { daemon, base_uri }
     }
 
     /// SIGTERM; the server must exit with status 0 within a few seconds.
     fn stop_cleanly(mut self) {
-        let pid = self.child.id().to_string();
-        let status = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-        assert!(status.success(), "kill -TERM {pid}");
-        let deadline = Instant::now() + Duration::from_secs(15);
-        let status = loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                break status;
-            }
-            assert!(Instant::now() < deadline, "fallow nbd did not stop on SIGTERM");
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        assert!(status.success(), "fallow nbd exited with {status}:\n{}", self.log_so_far());
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let pid = self.daemon.pid();
+        assert!(self.daemon.signal("TERM").success(), "kill -TERM {pid}");
+        let status = self
+            .daemon
+            .wait_timeout(Duration::from_secs(15))
+            .expect("fallow nbd did not stop on SIGTERM");
+        assert!(status.success(), "fallow nbd exited with {status}:\n{}", self.daemon.log_so_far());
     }
 }
 
@@ -418,34 +320,6 @@ fn serving_base_uri(line: &str) -> Option<String> {
     let rest = uri.strip_prefix("nbd://")?;
     let (addr, _name) = rest.split_once('/')?;
     Some(format!("nbd://{addr}/"))
-}
-
-/// A scratch directory, removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(config: &str) -> TempDir {
-        let dir = std::env::temp_dir()
-            .join(format!("fallow-nbd-compliance-{}-{config}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn command_works(program: &str, args: &[&str]) -> bool {
-    Command::new(program)
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
 }
 
 fn tail(text: &str, lines: usize) -> String {

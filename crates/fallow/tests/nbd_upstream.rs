@@ -3,67 +3,30 @@
 //! is not cached fails with EIO and caches nothing, a write is not acknowledged, and the
 //! export works again once the errors stop. Skips when nbdkit or qemu-io is missing.
 
-use std::io::{BufRead, BufReader};
+mod support;
+
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
-const BIN: &str = env!("CARGO_BIN_EXE_fallow");
-
-/// A process killed by PID when dropped.
-struct Guard(Child);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn have(tool: &str) -> bool {
-    Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {tool}"))
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+use support::{have, Daemon, KillOnDrop};
 
 /// Starts `fallow nbd` and returns it with the URI of its export.
-fn start_fallow(args: &[&str]) -> (Guard, String) {
-    let mut child = Command::new(BIN)
-        .arg("nbd")
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(uri) = line.strip_prefix("fallow nbd: serving ") {
-                let _ = tx.send(uri.to_string());
-            }
-        }
-    });
-    let uri = rx.recv_timeout(Duration::from_secs(20)).expect("fallow nbd prints its URI");
-    (Guard(child), uri)
+fn start_fallow(args: &[&str]) -> (Daemon, String) {
+    Daemon::start(
+        "fallow nbd",
+        support::fallow().arg("nbd").args(args),
+        "URI",
+        Duration::from_secs(20),
+        |line| line.strip_prefix("fallow nbd: serving ").map(str::to_string),
+    )
 }
 
+/// Runs qemu-io; returns whether it succeeded (exit status 0 and no failure reported),
+/// and its output.
 fn qemu_io(uri: &str, commands: &[&str]) -> (bool, String) {
-    let mut cmd = Command::new("timeout");
-    cmd.args(["60", "qemu-io", "-f", "raw"]);
-    for c in commands {
-        cmd.args(["-c", c]);
-    }
-    let out = cmd.arg(uri).output().unwrap();
-    let text =
-        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    let failed = text.contains("error") || text.contains("failed") || !out.status.success();
+    let (exited_ok, text) = support::qemu_io(uri, commands);
+    let failed = text.contains("error") || text.contains("failed") || !exited_ok;
     (!failed, text)
 }
 
@@ -75,31 +38,26 @@ fn nbdkit_behind_fallow_with_errors_switched_on_and_off() {
     }
     let trigger = std::env::temp_dir().join(format!("fallow-error-trigger-{}", std::process::id()));
     let _ = std::fs::remove_file(&trigger);
-    let port = free_port();
-    let nbdkit = Command::new("nbdkit")
-        .args([
-            "-f",
-            "-i",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-            "--exit-with-parent",
-            "--filter=error",
-            "memory",
-            "64M",
-        ])
-        .arg("error-rate=100%")
-        .arg(format!("error-file={}", trigger.display()))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let _nbdkit = Guard(nbdkit);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "nbdkit did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let port = support::free_port();
+    let _nbdkit = KillOnDrop::spawn(
+        Command::new("nbdkit")
+            .args([
+                "-f",
+                "-i",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "--exit-with-parent",
+                "--filter=error",
+                "memory",
+                "64M",
+            ])
+            .arg("error-rate=100%")
+            .arg(format!("error-file={}", trigger.display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    assert!(support::port_opens(port, Duration::from_secs(10)), "nbdkit did not start");
     let upstream = format!("up=nbd://127.0.0.1:{port}");
     let (_fallow, uri) = start_fallow(&[
         "--export",
@@ -197,8 +155,7 @@ fn write_back_survives_kill_9_for_everything_flushed() {
     // Acknowledged but never flushed (the flusher waits 10 minutes).
     let (ok, text) = qemu_io(&uri, &["write -P 0x63 8M 1M"]);
     assert!(ok, "{text}");
-    let pid = fallow.0.id();
-    Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap();
+    fallow.signal("KILL");
     drop(fallow);
     let bytes = std::fs::read(&image).unwrap();
     assert!(bytes[..5000].iter().all(|b| *b == 0x61), "flushed data before the piece");

@@ -1,15 +1,14 @@
 //! `fallow node` and `fallow stat` as users run them: the real binary, flags, the config
 //! file, clean shutdown on SIGTERM, and the node's resident memory against its budget.
 
-use std::io::{BufRead, BufReader};
+mod support;
+
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fallow_client::{BlockingClient, ClientConfig};
 use fallow_core::{PageKey, PageStore, PoolSpec, PutOutcome, PAGE_SIZE};
-
-const BIN: &str = env!("CARGO_BIN_EXE_fallow");
+use support::start_node;
 
 fn temp(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("fallow-cli-{}-{}-{name}", std::process::id(), rand_suffix()))
@@ -26,64 +25,18 @@ fn secret_file() -> PathBuf {
     path
 }
 
-/// A node process, killed (by PID) when dropped.
-struct NodeProcess {
-    child: Child,
-    addr: String,
-    log: std::sync::mpsc::Receiver<String>,
-}
+/// How long a node may take to log its TCP address.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
 
-impl NodeProcess {
-    fn start(args: &[&str]) -> NodeProcess {
-        let mut child = Command::new(BIN)
-            .arg("node")
-            .args(args)
-            .env("FALLOW_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let (tx, log) = std::sync::mpsc::channel();
-        let stderr = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        let mut node = NodeProcess { child, addr: String::new(), log };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while node.addr.is_empty() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = node.log.recv_timeout(left).expect("the node logs its TCP address");
-            if let Some(rest) = line.split("listening on TCP addr=").nth(1) {
-                node.addr = rest.split_whitespace().next().unwrap().to_string();
-            }
-        }
-        node
-    }
-
-    fn pid(&self) -> i32 {
-        self.child.id() as i32
-    }
-
-    fn rss_bytes(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
-        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-        line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
-    }
-}
-
-impl Drop for NodeProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The resident memory of process `pid`.
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
 }
 
 fn fallow(args: &[&str]) -> std::process::Output {
-    Command::new(BIN).args(args).output().unwrap()
+    support::fallow().args(args).output().unwrap()
 }
 
 #[test]
@@ -130,20 +83,15 @@ fn flags_win_over_the_config_file_and_stat_reports_the_node() {
         ),
     )
     .unwrap();
-    let node = NodeProcess::start(&["--config", config.to_str().unwrap(), "--lend", "48M"]);
-    let out = fallow(&[
-        "stat",
-        "--node",
-        &node.addr,
-        "--secret-file",
-        secret.to_str().unwrap(),
-        "--json",
-    ]);
+    let (_node, addr) =
+        start_node(&["--config", config.to_str().unwrap(), "--lend", "48M"], START_TIMEOUT);
+    let out =
+        fallow(&["stat", "--node", &addr, "--secret-file", secret.to_str().unwrap(), "--json"]);
     assert!(out.status.success(), "{out:?}");
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json["lent_bytes"], 48u64 << 20, "the flag won: {json}");
     assert_eq!(json["lend_auto"], 0);
-    let table = fallow(&["stat", "--node", &node.addr, "--secret-file", secret.to_str().unwrap()]);
+    let table = fallow(&["stat", "--node", &addr, "--secret-file", secret.to_str().unwrap()]);
     let text = String::from_utf8_lossy(&table.stdout);
     assert!(text.contains("lent          48.0 MiB (fixed)"), "{text}");
     assert!(text.contains("hit ratio"), "{text}");
@@ -156,22 +104,24 @@ fn sigterm_stops_the_node_cleanly_and_removes_its_socket() {
     let secret = secret_file();
     let socket = temp("node.sock");
     let listen_unix = format!("unix:{}", socket.display());
-    let mut node = NodeProcess::start(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--listen",
-        &listen_unix,
-        "--lend",
-        "16M",
-        "--secret-file",
-        secret.to_str().unwrap(),
-    ]);
+    let (mut node, _addr) = start_node(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--listen",
+            &listen_unix,
+            "--lend",
+            "16M",
+            "--secret-file",
+            secret.to_str().unwrap(),
+        ],
+        START_TIMEOUT,
+    );
     // The Unix listener is bound just after the TCP one.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !socket.exists() {
-        assert!(Instant::now() < deadline, "the Unix socket never appeared");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    assert!(
+        support::poll_until(Duration::from_secs(10), || socket.exists()),
+        "the Unix socket never appeared"
+    );
     // A client is connected while the node stops.
     let client = BlockingClient::connect(
         ClientConfig::new(&listen_unix, std::fs::read(&secret).unwrap().trim_ascii().to_vec())
@@ -183,19 +133,12 @@ fn sigterm_stops_the_node_cleanly_and_removes_its_socket() {
         client.put(PageKey::new(pool, 0, 0), &[3u8; PAGE_SIZE]).unwrap(),
         PutOutcome::Stored
     );
-    let status = Command::new("kill").args(["-TERM", &node.pid().to_string()]).status().unwrap();
-    assert!(status.success());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let exit = loop {
-        if let Some(exit) = node.child.try_wait().unwrap() {
-            break exit;
-        }
-        assert!(Instant::now() < deadline, "the node did not stop on SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    assert!(node.signal("TERM").success());
+    let exit =
+        node.wait_timeout(Duration::from_secs(10)).expect("the node did not stop on SIGTERM");
     assert!(exit.success(), "{exit:?}");
     assert!(!socket.exists(), "the Unix socket file is removed");
-    let log: Vec<String> = node.log.try_iter().collect();
+    let log = node.log_lines();
     assert!(log.iter().any(|l| l.contains("SIGTERM received")), "{log:?}");
     assert!(log.iter().any(|l| l.contains("node stopped")), "{log:?}");
     let _ = std::fs::remove_file(secret);
@@ -208,18 +151,13 @@ fn resident_memory_stays_within_the_budget_plus_overhead() {
     const BUDGET: u64 = 64 << 20;
     const OVERHEAD: u64 = 48 << 20;
     let secret = secret_file();
-    let node = NodeProcess::start(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--lend",
-        "64M",
-        "--secret-file",
-        secret.to_str().unwrap(),
-    ]);
-    let idle = node.rss_bytes();
+    let (node, addr) = start_node(
+        &["--listen", "127.0.0.1:0", "--lend", "64M", "--secret-file", secret.to_str().unwrap()],
+        START_TIMEOUT,
+    );
+    let idle = rss_bytes(node.pid());
     let config =
-        ClientConfig::new(&node.addr, std::fs::read(&secret).unwrap().trim_ascii().to_vec())
-            .unwrap();
+        ClientConfig::new(&addr, std::fs::read(&secret).unwrap().trim_ascii().to_vec()).unwrap();
     let client = BlockingClient::connect(config).unwrap();
     let pool = client.create_pool(&PoolSpec::ephemeral()).unwrap();
     // 192 MiB of distinct pages: three times the budget.
@@ -233,10 +171,10 @@ fn resident_memory_stays_within_the_budget_plus_overhead() {
         }
         let _ = client.put_many(&keys, &data).unwrap();
         if batch % 16 == 0 {
-            peak = peak.max(node.rss_bytes());
+            peak = peak.max(rss_bytes(node.pid()));
         }
     }
-    peak = peak.max(node.rss_bytes());
+    peak = peak.max(rss_bytes(node.pid()));
     let stats = client.block_on(client.client().stats()).unwrap();
     println!(
         "idle rss {} MiB, peak rss {} MiB with a {} MiB budget; {} pages held, metadata {} KiB",

@@ -1,87 +1,57 @@
 //! `fallow up`, the embedded default: it creates its image on first run, serves it over
 //! NBD, stops cleanly, and a second run serves the same data. Skips without qemu-io.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+mod support;
 
-const BIN: &str = env!("CARGO_BIN_EXE_fallow");
+use std::path::Path;
+use std::time::Duration;
 
-struct Guard(Child);
+use support::{Daemon, TempDir};
 
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+/// Starts `fallow up` with its data in `dir`; returns it with the URI it serves.
+fn up(dir: &Path) -> (Daemon, String) {
+    Daemon::start(
+        "fallow up",
+        support::fallow()
+            .args(["up", "--size", "32M", "--listen", "127.0.0.1:0", "--lend", "16M", "--quiet"])
+            .arg("--data-dir")
+            .arg(dir)
+            .env("FALLOW_LOG", "warn"),
+        "URI",
+        Duration::from_secs(20),
+        |line| {
+            line.split(" at ")
+                .nth(1)
+                .filter(|_| line.starts_with("fallow up: serving"))
+                .map(str::to_string)
+        },
+    )
 }
 
-fn up(dir: &std::path::Path) -> (Guard, String) {
-    let mut child = Command::new(BIN)
-        .args(["up", "--size", "32M", "--listen", "127.0.0.1:0", "--lend", "16M", "--quiet"])
-        .arg("--data-dir")
-        .arg(dir)
-        .env("FALLOW_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(uri) =
-                line.split(" at ").nth(1).filter(|_| line.starts_with("fallow up: serving"))
-            {
-                let _ = tx.send(uri.to_string());
-            }
-        }
-    });
-    let uri = rx.recv_timeout(Duration::from_secs(20)).expect("fallow up prints its URI");
-    (Guard(child), uri)
-}
-
+/// Runs qemu-io, which must succeed and report no failure.
 fn qemu_io(uri: &str, commands: &[&str]) -> String {
-    let mut cmd = Command::new("timeout");
-    cmd.args(["60", "qemu-io", "-f", "raw"]);
-    for c in commands {
-        cmd.args(["-c", c]);
-    }
-    let out = cmd.arg(uri).output().unwrap();
-    let text =
-        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && !text.contains("fail") && !text.contains("error"), "{text}");
+    let (exited_ok, text) = support::qemu_io(uri, commands);
+    assert!(exited_ok && !text.contains("fail") && !text.contains("error"), "{text}");
     text
 }
 
 #[test]
 fn up_serves_an_image_that_survives_a_restart() {
-    if Command::new("sh")
-        .args(["-c", "command -v qemu-io"])
-        .output()
-        .map_or(true, |o| !o.status.success())
-    {
+    if !support::have("qemu-io") {
         eprintln!("skipped: qemu-io is needed (Debian package qemu-utils)");
         return;
     }
-    let dir = std::env::temp_dir().join(format!("fallow-up-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let (mut first, uri) = up(&dir);
+    // `fallow up` creates the directory itself on its first run.
+    let dir = TempDir::uncreated("up");
+    let (mut first, uri) = up(dir.path());
     qemu_io(&uri, &["write -P 0x42 1M 256k", "flush", "read -P 0x42 1M 256k"]);
-    let image = dir.join("disk.img");
+    let image = dir.path().join("disk.img");
     assert_eq!(std::fs::metadata(&image).unwrap().len(), 32 << 20);
-    Command::new("kill").args(["-TERM", &first.0.id().to_string()]).status().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let exit = loop {
-        if let Some(exit) = first.0.try_wait().unwrap() {
-            break exit;
-        }
-        assert!(Instant::now() < deadline, "fallow up did not stop on SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    first.signal("TERM");
+    let exit =
+        first.wait_timeout(Duration::from_secs(15)).expect("fallow up did not stop on SIGTERM");
     assert!(exit.success(), "{exit:?}");
-    let (_second, uri) = up(&dir);
+    let (second, uri) = up(dir.path());
     qemu_io(&uri, &["read -P 0x42 1M 256k", "read -P 0 0 1M"]);
-    drop(_second);
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(second);
 }
