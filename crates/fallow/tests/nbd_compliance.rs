@@ -9,7 +9,9 @@
 //! its reason printed: a tool, `/dev/fuse` or root is missing). The server must then still
 //! be running, must not have panicked, and must stop cleanly on SIGTERM. The read-only
 //! configuration serves existing files filled with a known pattern instead, to the
-//! scripts that can check a read-only export.
+//! scripts that can check a read-only export; the nbdkit configuration puts fallow in
+//! front of `nbdkit memory` with the delay filter (the error filter, switched on and off
+//! mid-run, is in `nbd_upstream.rs`).
 //!
 //! `NBD_COMPLIANCE_ONLY=fio,nbdsh cargo test -p fallow --test nbd_compliance` runs a subset.
 
@@ -20,10 +22,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{Daemon, ProcessGroup, TempDir};
+use support::{Daemon, KillOnDrop, ProcessGroup, TempDir};
 
 /// The scripts, by the name that also names their export: `test-NAME.sh`.
 const SCRIPTS: &[&str] = &["qemu-img", "qemu-io", "nbdinfo", "nbdsh", "nbdcopy", "fio", "ext4"];
+
+/// The scripts for an upstream NBD store: nbdinfo and nbdsh also check block status
+/// (`base:allocation`), which an upstream store does not offer (fallow asks it nothing
+/// but simple replies), so they run on the file and memory backings only.
+const UPSTREAM_SCRIPTS: &[&str] = &["qemu-img", "qemu-io", "nbdcopy", "fio", "ext4"];
 
 /// The scripts that know how to check a read-only export (`READ_ONLY=1`).
 const READ_ONLY_SCRIPTS: &[&str] = &["nbdinfo", "nbdsh", "nbdcopy"];
@@ -53,6 +60,9 @@ enum Backing {
     /// An existing file, given as a plain path, filled with the offset pattern (see
     /// [`write_pattern`]); the export is read-only.
     Pattern,
+    /// An upstream NBD server: `nbdkit memory` behind its delay filter (1 ms per request),
+    /// one per export, so fallow fronts a slow store it reaches over NBD.
+    NbdkitDelay,
 }
 
 #[test]
@@ -100,6 +110,20 @@ fn file_backing_write_back() {
 }
 
 #[test]
+fn nbdkit_delay_backing() {
+    if !support::have("nbdkit") {
+        eprintln!("skipping nbdkit-delay: nbdkit is not installed (Debian package nbdkit)");
+        return;
+    }
+    run_suite(
+        "nbdkit-delay",
+        Backing::NbdkitDelay,
+        &["--pool", "local:32M", "--local-tier", "1M"],
+        UPSTREAM_SCRIPTS,
+    );
+}
+
+#[test]
 fn mem_backing_no_cache() {
     run_suite("mem-uncached", Backing::Mem, &["--pool", "none", "--local-tier", "0"], SCRIPTS);
 }
@@ -127,6 +151,8 @@ fn run_suite(config: &str, backing: Backing, args: &[&str], scripts: &[&'static 
         return;
     }
     let dir = TempDir::new(&format!("nbd-compliance-{config}"));
+    // Upstream servers live as long as the suite.
+    let mut upstreams: Vec<KillOnDrop> = Vec::new();
     let exports: Vec<(String, Option<PathBuf>)> = scripts
         .iter()
         .map(|name| match backing {
@@ -139,6 +165,19 @@ fn run_suite(config: &str, backing: Backing, args: &[&str], scripts: &[&'static 
                 let image = dir.path().join(format!("{name}.img"));
                 write_pattern(&image, EXPORT_BYTES);
                 (format!("{name}={}", image.display()), Some(image))
+            }
+            Backing::NbdkitDelay => {
+                let port = support::free_port();
+                upstreams.push(KillOnDrop::spawn(
+                    Command::new("nbdkit")
+                        .args(["-f", "-i", "127.0.0.1", "-p", &port.to_string()])
+                        .args(["--exit-with-parent", "--filter=delay", "memory", EXPORT_SIZE])
+                        .args(["rdelay=1ms", "wdelay=1ms"])
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null()),
+                ));
+                assert!(support::port_opens(port, START_TIMEOUT), "nbdkit did not start");
+                (format!("{name}=nbd://127.0.0.1:{port}"), None)
             }
         })
         .collect();
