@@ -18,7 +18,8 @@
 # FALLOW_BIN=PATH uses that binary instead of building target/release/fallow (for checking
 # this script with a debug build; its numbers mean nothing).
 #
-# Raw JSON lines and logs go to bench/out/node-vs-memcached-<date>.*. Every process this
+# Raw JSON lines and logs go to bench/out/node-vs-memcached-<date>.*; the tables come from
+# bench/node_vs_memcached_table.py, which can redo them from a .jsonl file. Every process this
 # script starts is stopped by its PID on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -73,6 +74,24 @@ cleanup() {
     rm -rf "$work"
 }
 trap cleanup EXIT
+
+clk=$(getconf CLK_TCK)
+
+# Prints "wall-seconds busy-jiffies server-jiffies children-cpu-seconds": the machine's
+# busy time (user, nice, system, steal; not irq and softirq, which no process is charged
+# for and which our own loopback traffic fills), server process $1's CPU time, and the CPU
+# time of this shell's finished children (the load generator). Runs in this shell, not a
+# subshell, so that `times` sees our children.
+cpu_sample() {
+    local wall busy server
+    wall=$(date +%s.%N)
+    busy=$(awk '/^cpu / {print $2 + $3 + $4 + $9}' /proc/stat)
+    server=$(awk '{print $14 + $15}' "/proc/$1/stat")
+    times >"$work/times"
+    echo "$wall $busy $server $(awk 'NR == 2 {
+        gsub(/s/, ""); split($1, u, "m"); split($2, k, "m"); print u[1] * 60 + u[2] + k[1] * 60 + k[2]
+    }' "$work/times")"
+}
 
 step() { printf '\n==> [%s] %s\n' "$(date +%T)" "$*" >&2; }
 
@@ -136,7 +155,8 @@ if ((with_node)); then
 fi
 
 step "3/5 machine"
-dirty=$(git status --porcelain --untracked-files=no 2>/dev/null | wc -l)
+# Untracked files count too: a new benchmark is itself untracked until committed.
+dirty=$(git status --porcelain 2>/dev/null | wc -l)
 command_line="bash bench/node_vs_memcached.sh${args_given:+ $args_given}"
 machine=$(
     cat <<EOF
@@ -148,7 +168,7 @@ machine=$(
 | kernel | $(uname -r) |
 | rustc | $(rustc -V) |
 | memcached | $(memcached -V) (\`-m 1024 -t 2 -I 2m\`) |
-| commit | $(git rev-parse --short HEAD)$( ((dirty > 0)) && echo " + $dirty uncommitted modified files") |
+| commit | $(git rev-parse --short HEAD)$( ((dirty > 0)) && echo " + $dirty uncommitted changed or new files") |
 | load average at start | $(cut -d' ' -f1-3 /proc/loadavg) |
 | command | \`$command_line\` |
 | runs | $rounds rounds x ${#configs[@]} configurations x ${#targets[@]} servers, $duration each, $keys keys, $threads client thread(s), order alternating |
@@ -170,14 +190,28 @@ for ((round = 1; round <= rounds; round++)); do
             IFS='|' read -r server url <<<"$target"
             extra=()
             [[ $server == fallow ]] && extra=("${secret_args[@]}")
+            server_pid=$mc_pid
+            [[ $server == fallow ]] && server_pid=$node_pid
+            cpu_sample "$server_pid" >"$work/before"
             # shellcheck disable=SC2086 # bench_args is a list of words by design
             line=$("$fallow" bench pages --target "$url" "${extra[@]}" $bench_args \
                 --keys "$keys" --duration "$duration" --threads "$threads" --json --quiet)
-            python3 - "$name" "$round" "$line" >>"$results" <<'EOF'
+            cpu_sample "$server_pid" >"$work/after"
+            python3 - "$name" "$round" "$line" "$work/before" "$work/after" "$clk" \
+                >>"$results" <<'EOF'
 import json, sys
 name, rnd, line = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+clk = float(sys.argv[6])
+(w0, b0, s0, c0), (w1, b1, s1, c1) = (map(float, open(f).read().split()) for f in sys.argv[4:6])
+wall = max(w1 - w0, 1e-9)
+server, client = (s1 - s0) / clk, c1 - c0
+other = (b1 - b0) / clk - server - client
 r = json.loads(line)
 r["config"], r["round"] = name, rnd
+# CPUs kept busy during the run (warm-up included): by the server under test, by the load
+# generator, and by everything else (other processes, and steal time of this VM).
+r["server_cpus"], r["client_cpus"] = server / wall, client / wall
+r["other_cpus"] = max(other, 0.0) / wall
 print(json.dumps(r))
 EOF
             python3 - "$line" "$name" "$round" <<'EOF' >&2
@@ -194,67 +228,9 @@ done
 load_end=$(cut -d' ' -f1-3 /proc/loadavg)
 
 step "5/5 table"
-descriptions=$(printf '%s\n' "${configs[@]}" | cut -d'|' -f1,2)
-python3 - "$results" "$descriptions" "$load_end" >"$section" <<'EOF'
-import json, statistics, sys
-
-rows = [json.loads(l) for l in open(sys.argv[1])]
-desc = dict(line.split("|", 1) for line in sys.argv[2].splitlines() if line)
-load_end = sys.argv[3]
-
-def med(config, server, field):
-    vals = [r for r in rows if r["config"] == config and r["server"] == server]
-    if not vals:
-        return None
-    get = (lambda r: r["latency_us"][field]) if field in ("p50", "p99", "p999") else (lambda r: r[field])
-    return statistics.median(get(r) for r in vals)
-
-def fmt(x, nd=0):
-    return "n/a" if x is None else f"{x:,.{nd}f}"
-
-def ratio(a, b):
-    return "n/a" if a is None or b is None or b == 0 else f"{a / b:.2f}"
-
-servers = sorted({r["server"] for r in rows}, key=lambda s: s != "fallow")
-print("| configuration | fallow pages/s | memcached pages/s | ratio | fallow p50 µs | memcached p50 µs | p50 ratio | fallow p99 / p99.9 µs | memcached p99 / p99.9 µs |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-for config in desc:
-    f_tp, m_tp = med(config, "fallow", "pages_per_s"), med(config, "memcached", "pages_per_s")
-    f50, m50 = med(config, "fallow", "p50"), med(config, "memcached", "p50")
-    tail = lambda s: f"{fmt(med(config, s, 'p99'), 1)} / {fmt(med(config, s, 'p999'), 1)}"
-    print(f"| `{config}`: {desc[config]} | {fmt(f_tp)} | {fmt(m_tp)} | {ratio(f_tp, m_tp)} "
-          f"| {fmt(f50, 1)} | {fmt(m50, 1)} | {ratio(f50, m50)} | {tail('fallow')} | {tail('memcached')} |")
-
-wrong = sum(r["wrong"] for r in rows)
-misses = sum(r["misses"] for r in rows if r["workload"] == "get")
-print()
-n_rounds = max(r["round"] for r in rows)
-print(f"Medians of {n_rounds} round{'s' if n_rounds > 1 else ''}; ratio = fallow / memcached (above 1 "
-      f"is better for fallow in pages/s, worse in latency). Wrong pages read back: {wrong}; "
-      f"misses in the warmed get runs: {misses}. Load average at the end: {load_end}.")
-print()
-best = lambda server, configs: max(((med(c, server, "pages_per_s") or 0, c) for c in configs), default=(0, None))
-tp_configs = [c for c in desc if not c.endswith("qd1")]
-m_best, m_cfg = best("memcached", tp_configs)
-dedup = [c for c in tp_configs if c.startswith("dup-")]
-plain = [c for c in tp_configs if not c.startswith("dup-")]
-print("| target | measured (medians) | met? |")
-print("|---|---|---|")
-for label, suffix in (("", ""), (" with dedup on", "dup-")):
-    q = f"{suffix}get-qd1"
-    f50, m50 = med(q, "fallow", "p50"), med(q, "memcached", "p50")
-    met = "n/a" if f50 is None or m50 is None else ("yes" if f50 <= m50 else "**no**")
-    print(f"| get hit at QD 1{label}: p50 ≤ memcached's | fallow {fmt(f50, 1)} µs, memcached {fmt(m50, 1)} µs | {met} |")
-    f_best, f_cfg = best("fallow", dedup if suffix else plain)
-    if "fallow" in servers:
-        met = "yes" if f_best >= 250_000 and f_best >= 2 * m_best else "**no**"
-        fallow_part = f"fallow {fmt(f_best)} (`{f_cfg}`)"
-    else:
-        met, fallow_part, f_best = "n/a", "fallow n/a", None
-    print(f"| pipelined/batched{label}: ≥ 250 k pages/s and ≥ 2 × memcached's best | "
-          f"{fallow_part}, memcached's best {fmt(m_best)} (`{m_cfg}`): "
-          f"{ratio(f_best, m_best)} × | {met} |")
-EOF
+printf '%s\n' "${configs[@]}" | cut -d'|' -f1,2 >"$work/configs"
+python3 bench/node_vs_memcached_table.py "$results" --configs "$work/configs" \
+    --load-end "$load_end" >"$section"
 
 {
     echo "<!-- node-vs-memcached:start -->"

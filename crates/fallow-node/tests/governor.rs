@@ -175,6 +175,81 @@ fn shrinks_within_100ms_of_low_memory_and_grows_back_gradually() {
     governor.stop(); // a second stop does nothing
 }
 
+/// A host whose kernel parks what the engine unmaps on per-CPU free lists, as Linux 6.7+
+/// does after a large `munmap` of 4 KiB pages: `MemAvailable` does not rise, the lists do.
+struct LaggingKernel {
+    engine: Arc<Engine>,
+    available: Arc<Mutex<u64>>,
+    /// The engine's mapped bytes when the host's demand arrived; what it unmapped since is
+    /// on the lists.
+    mapped_before: Arc<Mutex<Option<u64>>>,
+    /// The lists cannot be read (as on a kernel without `/proc/zoneinfo`).
+    hidden: Arc<std::sync::atomic::AtomicBool>,
+    asked: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl MemorySource for LaggingKernel {
+    fn sample(&mut self) -> std::io::Result<HostMemory> {
+        Ok(HostMemory::idle(16 * GIB, *self.available.lock().unwrap()))
+    }
+
+    fn percpu_free(&mut self) -> Option<u64> {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.asked.fetch_add(1, Relaxed);
+        if self.hidden.load(Relaxed) {
+            return None;
+        }
+        let mapped = self.engine.stats().mapped_bytes as u64;
+        Some(self.mapped_before.lock().unwrap().map_or(0, |before| before.saturating_sub(mapped)))
+    }
+}
+
+#[test]
+fn memory_we_just_unmapped_is_not_taken_for_more_demand() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let _serial = serial();
+    let engine = engine();
+    let kernel = LaggingKernel {
+        engine: engine.clone(),
+        available: Arc::new(Mutex::new(8 * GIB)),
+        mapped_before: Arc::new(Mutex::new(None)),
+        hidden: Arc::default(),
+        asked: Arc::default(),
+    };
+    let (available, mapped_before, hidden, asked) = (
+        kernel.available.clone(),
+        kernel.mapped_before.clone(),
+        kernel.hidden.clone(),
+        kernel.asked.clone(),
+    );
+    let mut governor = Governor::spawn(engine.clone(), quick_config(), Box::new(kernel)).unwrap();
+    fill(&engine, PoolSpec::ephemeral(), 8192); // 32 MiB
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(asked.load(Relaxed), 0, "with room to spare the lists are not read");
+
+    // A program takes memory: free is 16 MiB short of the 1 GiB reserve. The governor
+    // should give back 16 MiB, once.
+    let mapped = engine.stats().mapped_bytes as u64;
+    assert_eq!(mapped, 32 * MIB);
+    *mapped_before.lock().unwrap() = Some(mapped);
+    *available.lock().unwrap() = GIB - 16 * MIB;
+    let shrunk =
+        wait_for(Duration::from_secs(5), || engine.stats().budget_bytes as u64 == 16 * MIB);
+    assert!(shrunk.is_some(), "{:?}", governor.status());
+    std::thread::sleep(Duration::from_millis(300)); // a dozen ticks
+    let status = governor.status();
+    assert_eq!((status.budget_bytes, status.shrinks), (16 * MIB, 1), "{status:?}");
+    assert_eq!(engine.stats().mapped_bytes as u64, 16 * MIB);
+    assert!(asked.load(Relaxed) > 0);
+
+    // Without the lists, the governor takes its own release for more demand: it gives
+    // back the rest, though the host needed only 16 MiB.
+    hidden.store(true, Relaxed);
+    let cascaded = wait_for(Duration::from_secs(5), || engine.stats().budget_bytes == 0);
+    assert!(cascaded.is_some(), "{:?}", governor.status());
+    governor.stop();
+}
+
 #[test]
 fn a_psi_stall_steps_the_budget_down_with_free_memory_to_spare() {
     let _serial = serial();

@@ -264,17 +264,24 @@ impl Decider {
         &self.config
     }
 
+    /// The budget the host could take now: what we hold plus what it can spare, less the
+    /// reserve, clamped and in whole segments. Pure: the governor uses it to tell whether a
+    /// shrink is on the table before it reads the dearer inputs.
+    pub fn target_bytes(&self, used: u64, host: &HostMemory) -> u64 {
+        let reserve = self.config.reserve_for(host.effective_total());
+        // Our pages are in neither `free` nor `reserve`, so they are added back.
+        self.config.clamp(used.saturating_add(host.free_for_us()).saturating_sub(reserve))
+    }
+
     /// Decides the budget at `now` (times must not go backwards between calls), given the
     /// current budget, the bytes this process holds for pages (`used`: mapped segments plus
     /// compressed pages) and a host sample.
     pub fn decide(&mut self, now: Instant, budget: u64, used: u64, host: &HostMemory) -> Decision {
         let stall = self.stall_percent(now, host.psi_some_total_us);
+        let target = self.target_bytes(used, host);
         let c = &self.config;
         let free = host.free_for_us();
         let reserve = c.reserve_for(host.effective_total());
-        // Our pages are in neither `free` nor `reserve`, so they are added back: the budget
-        // is what we hold plus what the host can spare.
-        let target = c.clamp(used.saturating_add(free).saturating_sub(reserve));
         let stalling = stall.is_some_and(|s| s >= c.psi_threshold_percent);
         let low = free < reserve;
         if low || stalling || host.psi_some_avg10 >= c.psi_threshold_percent {
@@ -418,6 +425,27 @@ mod tests {
         assert_eq!((too_soon.reason, too_soon.budget_bytes), (Reason::Steady, grow.budget_bytes));
         let again = d.decide(t0 + 5300 * MS, grow.budget_bytes, 2 * GIB, &host);
         assert_eq!(again.budget_bytes, grow.budget_bytes + (64 << 20));
+    }
+
+    #[test]
+    fn our_own_release_on_per_cpu_lists_is_not_given_back_twice() {
+        let t0 = Instant::now();
+        let host = HostMemory::idle(16 * GIB, 5 * GIB);
+        let (mut d, budget) = started(config(), t0, &host);
+        // 3 GiB filled; then a program takes 2.5 GiB: free falls 0.5 GiB below the reserve.
+        let short = HostMemory::idle(16 * GIB, GIB / 2);
+        let dec = d.decide(t0 + 25 * MS, budget, 3 * GIB, &short);
+        assert_eq!((dec.reason, dec.budget_bytes), (Reason::LowMemory, 3 * GIB - GIB / 2));
+        // We unmapped 0.5 GiB, but the kernel parked it on per-CPU lists: MemAvailable has
+        // not moved. Read without the lists, our release looks like more demand...
+        let used = 3 * GIB - GIB / 2;
+        let blind = d.clone().decide(t0 + 50 * MS, dec.budget_bytes, used, &short);
+        assert_eq!((blind.reason, blind.budget_bytes), (Reason::LowMemory, 2 * GIB));
+        // ...with them, the reserve is whole again and nothing more goes.
+        let seen = HostMemory { percpu_free: GIB / 2, ..short };
+        let dec2 = d.decide(t0 + 50 * MS, dec.budget_bytes, used, &seen);
+        assert_eq!((dec2.reason, dec2.budget_bytes), (Reason::Steady, dec.budget_bytes));
+        assert_eq!(d.target_bytes(used, &seen), dec.budget_bytes);
     }
 
     #[test]

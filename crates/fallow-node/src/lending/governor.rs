@@ -253,13 +253,21 @@ impl Governor {
     /// One sample, one decision, and a budget change if the decision moves it.
     fn tick(&mut self) {
         let now = Instant::now();
-        let host = match self.source.sample() {
+        let mut host = match self.source.sample() {
             Ok(host) => host,
             Err(e) => return self.sample_failed(&e),
         };
         let memory = self.engine.memory();
         let used = memory.held_bytes() as u64;
         let budget = memory.budget_bytes as u64;
+        // MemAvailable leaves out the free pages on per-CPU lists, where the pages we have
+        // just unmapped can sit for seconds: before shrinking, count them, or our own
+        // release reads as more demand and the budget is cut again and again, to zero.
+        if host.percpu_free == 0 && self.decider.target_bytes(used, &host) < budget {
+            if let Some(bytes) = self.source.percpu_free() {
+                host.percpu_free = bytes;
+            }
+        }
         let decision = self.decider.decide(now, budget, used, &host);
         let change =
             (decision.budget_bytes != budget).then(|| self.apply(budget, used, &decision, &host));
@@ -326,6 +334,7 @@ impl Governor {
             reason = d.reason.as_str(),
             used_bytes = used,
             free_bytes = d.free_bytes,
+            percpu_free_bytes = host.percpu_free,
             reserve_bytes = d.reserve_bytes,
             psi_some_avg10 = host.psi_some_avg10,
             stall_percent = d.stall_percent,

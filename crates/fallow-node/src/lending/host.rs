@@ -32,6 +32,10 @@ pub struct HostMemory {
     pub cgroup: Option<CgroupMemory>,
     /// `VmRSS` of this process, when the source can tell (exported, never used to decide).
     pub process_rss: Option<u64>,
+    /// Free memory on the kernel's per-CPU page lists, which `available` leaves out (see
+    /// [`procfs::parse_zoneinfo_percpu_pages`]). 0 when not read: the governor asks for it
+    /// ([`MemorySource::percpu_free`]) only when a shrink is on the table.
+    pub percpu_free: u64,
 }
 
 impl HostMemory {
@@ -44,16 +48,18 @@ impl HostMemory {
             psi_some_total_us: 0,
             cgroup: None,
             process_rss: None,
+            percpu_free: 0,
         }
     }
 
-    /// Memory that could still be given to us: `available`, and in a limited cgroup also
-    /// what is left under the limit (the smaller of the two). Like `available`, it leaves
-    /// out what this process already holds.
+    /// Memory that could still be given to us: `available` plus the free pages on per-CPU
+    /// lists, and in a limited cgroup also what is left under the limit (the smaller of the
+    /// two). Like `available`, it leaves out what this process already holds.
     pub fn free_for_us(&self) -> u64 {
+        let host = self.available.saturating_add(self.percpu_free);
         match self.cgroup.as_ref().and_then(CgroupMemory::headroom) {
-            Some(headroom) => self.available.min(headroom),
-            None => self.available,
+            Some(headroom) => host.min(headroom),
+            None => host,
         }
     }
 
@@ -100,12 +106,22 @@ impl CgroupMemory {
 pub trait MemorySource {
     /// One sample, now.
     fn sample(&mut self) -> io::Result<HostMemory>;
+
+    /// Bytes of free pages on the kernel's per-CPU lists, which `MemAvailable` leaves out;
+    /// `None` when unknown. Dearer than a sample (one line per zone and CPU), so the
+    /// governor asks only when the sample says the budget should shrink: memory the node
+    /// has just unmapped can sit on those lists, and without them the governor would take
+    /// its own release for more demand and give back again (and again).
+    fn percpu_free(&mut self) -> Option<u64> {
+        None
+    }
 }
 
 /// Reads `/proc/meminfo`, `/proc/pressure/memory`, `/proc/self/status` and, when this
 /// process is in a cgroup v2 with the memory controller on, `memory.max`, `memory.high`
 /// and `memory.current` of its cgroup and of every ancestor up to the mount's root (a
-/// parent's limit binds its children too).
+/// parent's limit binds its children too); and, when asked, `/proc/zoneinfo` (with the
+/// page size from `/proc/self/auxv`).
 #[derive(Debug)]
 pub struct ProcSource {
     /// Prepended to every absolute path read: `/` on a real host, a fixture tree in tests.
@@ -115,6 +131,10 @@ pub struct ProcSource {
     cgroup_dirs: Option<Vec<PathBuf>>,
     /// The missing PSI file has been logged (it is logged once, not every tick).
     psi_missing_logged: bool,
+    /// The kernel's page size; read from `/proc/self/auxv` the first time it is needed.
+    page_size: Option<u64>,
+    /// A failure to read the per-CPU lists has been logged (once).
+    percpu_failure_logged: bool,
 }
 
 impl Default for ProcSource {
@@ -131,7 +151,13 @@ impl ProcSource {
 
     /// Reads `root/proc/…` and the cgroup mounts under `root`: for tests on a fixture tree.
     pub fn with_root(root: impl Into<PathBuf>) -> Self {
-        Self { root: root.into(), cgroup_dirs: None, psi_missing_logged: false }
+        Self {
+            root: root.into(),
+            cgroup_dirs: None,
+            psi_missing_logged: false,
+            page_size: None,
+            percpu_failure_logged: false,
+        }
     }
 
     fn path(&self, absolute: impl AsRef<Path>) -> PathBuf {
@@ -267,7 +293,34 @@ impl MemorySource for ProcSource {
             psi_some_total_us: psi.some_total_us,
             cgroup,
             process_rss,
+            percpu_free: 0,
         })
+    }
+
+    fn percpu_free(&mut self) -> Option<u64> {
+        let pages = self
+            .read("/proc/zoneinfo")
+            .and_then(|text| procfs::parse_zoneinfo_percpu_pages(&text).map_err(invalid));
+        let pages = match pages {
+            Ok(pages) => pages,
+            Err(e) => {
+                if !self.percpu_failure_logged {
+                    self.percpu_failure_logged = true;
+                    tracing::info!(
+                        error = %e,
+                        "cannot read the per-CPU free lists; lending follows MemAvailable alone"
+                    );
+                }
+                return None;
+            }
+        };
+        let page_size = *self.page_size.get_or_insert_with(|| {
+            std::fs::read(self.root.join("proc/self/auxv"))
+                .ok()
+                .and_then(|bytes| procfs::parse_auxv_page_size(&bytes))
+                .unwrap_or(4096)
+        });
+        Some(pages.saturating_mul(page_size))
     }
 }
 
@@ -350,9 +403,13 @@ mod tests {
         }
 
         fn write(&self, path: &str, text: &str) {
+            self.write_bytes(path, text.as_bytes());
+        }
+
+        fn write_bytes(&self, path: &str, bytes: &[u8]) {
             let path = self.0.join(path.trim_start_matches('/'));
             std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(path, text).unwrap();
+            std::fs::write(path, bytes).unwrap();
         }
     }
 
@@ -395,6 +452,37 @@ mod tests {
         assert_eq!(s.psi_some_total_us, 777);
         assert_eq!(s.cgroup, None);
         assert_eq!(s.process_rss, Some(2 << 20));
+    }
+
+    #[test]
+    fn free_for_us_counts_the_per_cpu_lists_on_the_host_side_only() {
+        let mut h = HostMemory::idle(16 * GIB, 8 * GIB);
+        h.percpu_free = GIB;
+        assert_eq!(h.free_for_us(), 9 * GIB);
+        // A cgroup's headroom is exact (freed pages are uncharged at once): it still binds.
+        h.cgroup = Some(CgroupMemory { max: Some(4 * GIB), high: None, current: GIB });
+        assert_eq!(h.free_for_us(), 3 * GIB);
+    }
+
+    #[test]
+    fn proc_source_reads_the_per_cpu_lists_when_asked() {
+        let t = base_tree("percpu");
+        let mut source = ProcSource::with_root(&t.0);
+        assert_eq!(source.sample().unwrap().percpu_free, 0, "not read by a sample");
+        assert_eq!(source.percpu_free(), None, "no zoneinfo");
+        assert!(source.percpu_failure_logged);
+        t.write(
+            "/proc/zoneinfo",
+            "Node 0, zone Normal\n  pagesets\n    cpu: 0\n      count: 100\n\
+             \x20   cpu: 1\n      count: 28\n",
+        );
+        let mut auxv = Vec::new();
+        for (key, value) in [(6usize, 16384usize), (0, 0)] {
+            auxv.extend_from_slice(&key.to_ne_bytes());
+            auxv.extend_from_slice(&value.to_ne_bytes());
+        }
+        t.write_bytes("/proc/self/auxv", &auxv);
+        assert_eq!(source.percpu_free(), Some(128 * 16384));
     }
 
     #[test]

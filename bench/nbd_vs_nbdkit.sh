@@ -1,0 +1,340 @@
+#!/usr/bin/env bash
+# The NBD benchmark of issue #4, side by side in one run (DESIGN.md, "Targets"): fio 4 KiB
+# random reads (ioengine=nbd) at QD 1 and QD 16 against
+#   * `nbdkit memory` (the ceiling);
+#   * nbdkit memory behind the delay filter at 1 ms and at 5 ms (the backing store alone);
+#   * nbdkit's nbd plugin over the 1 ms store (what a plain pass-through proxy costs);
+#   * `fallow nbd` over that same delayed store, with the working set inside its cache
+#     (half of it), at twice its cache, and with no cache at all (`--pool none
+#     --local-tier 0`, the "empty pool");
+# plus, for the plot, fallow over the 1 ms store at working sets of 1/4 ... 4 x its cache.
+# Every server listens on a free port of 127.0.0.1. The configurations of a group are run
+# one after the other, round after round (the order rotates), and every ratio is taken within
+# one round before the median over the rounds. The section goes between the nbd-vs-nbdkit
+# markers of BENCHMARKS.md, the plot to docs/img/nbd-iops-vs-working-set.png.
+#
+# Usage: bash bench/nbd_vs_nbdkit.sh [--rounds N] [--runtime S] [--ramp S] [--pool SIZE]
+#                                    [--local-tier SIZE] [--quick] [--no-write]
+#   --rounds N         rounds of every configuration (default 3)
+#   --runtime S        measured seconds of each fio run (default 6)
+#   --ramp S           fio ramp_time before it, not measured (default 2)
+#   --pool SIZE        fallow's in-process pool, --pool local:SIZE (default 48M)
+#   --local-tier SIZE  fallow's local tier (default 16M); the cache is pool + local tier
+#   --quick            1 round of 2 s: a smoke run, not numbers to publish
+#   --no-write         print the section, leave BENCHMARKS.md and the plot alone
+#
+# FALLOW_BIN=PATH uses that binary instead of building target/release/fallow.
+#
+# Raw JSON lines and logs go to bench/out/nbd-vs-nbdkit-<date>.*; bench/nbd_table.py makes the
+# tables and bench/plot_nbd.py the plot, and both can redo them from the .jsonl file. Every
+# process this script starts is stopped by its PID on exit. Progress goes to stderr.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+rounds=3
+runtime=6
+ramp=2
+pool=48M
+local_tier=16M
+write=1
+args_given="$*"
+while (($#)); do
+    case "$1" in
+        --rounds) rounds=$2; shift 2 ;;
+        --runtime) runtime=$2; shift 2 ;;
+        --ramp) ramp=$2; shift 2 ;;
+        --pool) pool=$2; shift 2 ;;
+        --local-tier) local_tier=$2; shift 2 ;;
+        --quick) rounds=1; runtime=2; ramp=1; shift ;;
+        --no-write) write=0; shift ;;
+        *) sed -n '16,25p' "$0" >&2; exit 2 ;;
+    esac
+done
+
+log() { echo "[nbd-vs-nbdkit $(date +%H:%M:%S)] $*" >&2; }
+
+mib() { # SIZE (K/M/G suffix) -> MiB
+    local v=${1%[KkMmGg]} u=${1: -1}
+    case "$u" in
+        K|k) echo $((v / 1024)) ;; M|m) echo "$v" ;; G|g) echo $((v * 1024)) ;;
+        *) echo $((v / 1048576)) ;;
+    esac
+}
+cache_mib=$(($(mib "$pool") + $(mib "$local_tier")))
+export_mib=$((cache_mib * 4))
+((cache_mib >= 4)) || { echo "the cache (pool + local tier) must be at least 4 MiB" >&2; exit 2; }
+
+stamp=$(date +%Y-%m-%d-%H%M%S)
+out_dir=bench/out
+mkdir -p "$out_dir"
+results="$out_dir/nbd-vs-nbdkit-$stamp.jsonl"
+section="$out_dir/nbd-vs-nbdkit-$stamp.md"
+meta="$out_dir/nbd-vs-nbdkit-$stamp.meta.json"
+work=$(mktemp -d /tmp/fallow-nbd-bench.XXXXXX)
+: >"$results"
+
+pids=()
+cleanup() {
+    local pid
+    for pid in "${pids[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${pids[@]}"; do
+        # bounded: SIGKILL whatever has not gone after 5 s
+        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+# --- the binary, copied so that a rebuild by someone else cannot change it mid-run -------------
+if [[ -n "${FALLOW_BIN:-}" ]]; then
+    cp "$FALLOW_BIN" "$work/fallow"
+else
+    log "building fallow (release)"
+    cargo build --release -p fallow >&2
+    cp target/release/fallow "$work/fallow"
+fi
+fallow="$work/fallow"
+has_metrics=0
+if "$fallow" nbd --help | grep -q -- '--metrics'; then has_metrics=1; fi
+
+# --- other benchmarks: wait for them before each block ------------------------------------------
+others_pattern='fallow bench pages|memcached|governor.py|node_vs_memcached'
+waited=0
+gave_up=0
+wait_quiet() { # polls every 10 s; gives up after 15 min, or at once after 30 min of waits in all
+    local start=$SECONDS found
+    while found=$(pgrep -f "$others_pattern" | grep -vx "$$" || true); [[ -n "$found" ]]; do
+        if ((SECONDS - start >= 900 || waited + SECONDS - start >= 1800)); then
+            log "other benchmarks still running; measuring anyway (noted in the section)"
+            gave_up=$((gave_up + 1))
+            break
+        fi
+        log "waiting for other benchmarks: $(ps -o args= -p "$(echo "$found" | head -1)" 2>/dev/null | cut -c1-80)"
+        sleep 10
+    done
+    waited=$((waited + SECONDS - start))
+}
+others_now() { pgrep -f "$others_pattern" | grep -vx "$$" | wc -l; }
+
+free_ports() { # N -> N free TCP ports on 127.0.0.1
+    python3 - "$1" <<'EOF'
+import socket, sys
+socks = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+EOF
+}
+
+wait_nbd() { # URI: until an NBD server answers there (10 s at most)
+    for _ in $(seq 100); do
+        timeout 2 nbdinfo --size "$1" >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    log "no NBD server answers at $1"; return 1
+}
+
+# --- the reference servers ----------------------------------------------------------------------
+read -r p_mem p_d1 p_d5 p_px <<<"$(free_ports 4)"
+start_nbdkit() { # PORT NAME ARGS...
+    local port=$1 name=$2; shift 2
+    nbdkit -f -i 127.0.0.1 -p "$port" --exit-with-parent "$@" 2>"$work/$name.err" &
+    pids+=($!)
+    eval "pid_$name=$!"
+    wait_nbd "nbd://127.0.0.1:$port/"
+    # random data, so that no page is a zero page the pool would store for free
+    timeout 300 nbdcopy --no-extents -- [ nbdkit random "${export_mib}M" seed=42 ] "nbd://127.0.0.1:$port/"
+}
+log "starting nbdkit memory and the 1 ms / 5 ms delayed stores (${export_mib} MiB each, filled with random data)"
+start_nbdkit "$p_mem" mem memory "${export_mib}M"
+start_nbdkit "$p_d1" d1 --filter=delay memory "${export_mib}M" rdelay=1ms wdelay=1ms
+start_nbdkit "$p_d5" d5 --filter=delay memory "${export_mib}M" rdelay=5ms wdelay=5ms
+# what a plain pass-through proxy costs: nbdkit's nbd plugin in front of the 1 ms store
+nbdkit -f -i 127.0.0.1 -p "$p_px" --exit-with-parent nbd uri="nbd://127.0.0.1:$p_d1/" 2>"$work/px.err" &
+pids+=($!)
+pid_px=$!
+wait_nbd "nbd://127.0.0.1:$p_px/"
+
+# --- fallow instances ---------------------------------------------------------------------------
+# name | store port | working set (MiB) | cached? | label
+ws_q=$((cache_mib / 4)) ws_h=$((cache_mib / 2)) ws_1=$cache_mib ws_2=$((cache_mib * 2)) ws_4=$((cache_mib * 4))
+declare -A f_port f_mport f_pid f_ws f_store f_label f_cached
+add_fallow() { f_store[$1]=$2; f_ws[$1]=$3; f_cached[$1]=$4; f_label[$1]=$5; }
+add_fallow f1_in "$p_d1" "$ws_h" 1 "fallow over the 1 ms store, working set inside the cache (1/2)"
+add_fallow f1_x2 "$p_d1" "$ws_2" 1 "fallow over the 1 ms store, working set 2 x the cache"
+add_fallow f1_empty "$p_d1" "$ws_h" 0 "fallow over the 1 ms store, no cache (--pool none --local-tier 0)"
+add_fallow f5_in "$p_d5" "$ws_h" 1 "fallow over the 5 ms store, working set inside the cache (1/2)"
+add_fallow f5_x2 "$p_d5" "$ws_2" 1 "fallow over the 5 ms store, working set 2 x the cache"
+add_fallow f5_empty "$p_d5" "$ws_h" 0 "fallow over the 5 ms store, no cache (--pool none --local-tier 0)"
+add_fallow f1_q "$p_d1" "$ws_q" 1 "fallow over the 1 ms store, working set 1/4 x the cache"
+add_fallow f1_c "$p_d1" "$ws_1" 1 "fallow over the 1 ms store, working set 1 x the cache"
+add_fallow f1_x4 "$p_d1" "$ws_4" 1 "fallow over the 1 ms store, working set 4 x the cache"
+fallow_names=(f1_in f1_x2 f1_empty f5_in f5_x2 f5_empty f1_q f1_c f1_x4)
+
+fallow_cmd() { # NAME -> the command line (without --listen/--metrics)
+    local n=$1
+    if [[ ${f_cached[$n]} == 1 ]]; then
+        echo "fallow nbd --export d=nbd://127.0.0.1:${f_store[$n]}/ --pool local:$pool --local-tier $local_tier --mode exclusive"
+    else
+        echo "fallow nbd --export d=nbd://127.0.0.1:${f_store[$n]}/ --pool none --local-tier 0"
+    fi
+}
+
+start_fallow() { # NAME
+    local n=$1 port mport args
+    read -r port mport <<<"$(free_ports 2)"
+    f_port[$n]=$port
+    f_mport[$n]=$mport
+    args=$(fallow_cmd "$n")
+    args=${args#fallow }
+    local extra=()
+    ((has_metrics)) && extra=(--metrics "127.0.0.1:$mport")
+    # shellcheck disable=SC2086
+    "$fallow" $args --listen "127.0.0.1:$port" "${extra[@]}" 2>"$work/$n.err" &
+    f_pid[$n]=$!
+    pids+=($!)
+    for _ in $(seq 200); do
+        grep -q 'fallow nbd: serving' "$work/$n.err" 2>/dev/null && break
+        kill -0 "${f_pid[$n]}" 2>/dev/null || { cat "$work/$n.err" >&2; log "fallow $n died"; exit 1; }
+        sleep 0.1
+    done
+    grep -q 'fallow nbd: serving' "$work/$n.err" || { log "fallow $n did not start in 20 s"; exit 1; }
+    if [[ ${f_cached[$n]} == 1 ]]; then
+        # warm: read the working set once, 64 KiB at a time (below the 1 MiB scan bypass),
+        # QD 4 so that the demotions into the pool keep up
+        timeout 120 fio --name=warm --ioengine=nbd --uri="nbd://127.0.0.1:$port/d" --rw=read \
+            --bs=64k --iodepth=4 --offset=0 --size="${f_ws[$n]}M" --output=/dev/null >/dev/null 2>&1
+    fi
+}
+
+log "starting ${#fallow_names[@]} fallow nbd instances (cache: pool $pool + local tier $local_tier = $cache_mib MiB) and warming them"
+for n in "${fallow_names[@]}"; do start_fallow "$n"; done
+
+# --- one measured run ---------------------------------------------------------------------------
+clk=$(getconf CLK_TCK)
+cpu_snap() { # PIDS... -> "wall busy-jiffies pids-jiffies" (busy: user+nice+system+steal)
+    local j=0 p t
+    for p in "$@"; do
+        t=$(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0)
+        j=$((j + t))
+    done
+    echo "$(date +%s.%N) $(awk '/^cpu /{print $2 + $3 + $4 + $9}' /proc/stat) $j"
+}
+metrics_snap() { # MPORT FILE
+    if ((has_metrics)); then
+        timeout 5 curl -s "http://127.0.0.1:$1/metrics" >"$2" 2>/dev/null || : >"$2"
+    else
+        : >"$2"
+    fi
+}
+
+run() { # CONFIG ROUND QD
+    local cfg=$1 round=$2 qd=$3 uri ws label cmd server_pids mport=""
+    case "$cfg" in
+        mem) uri="nbd://127.0.0.1:$p_mem/"; ws=$ws_h; server_pids="$pid_mem"
+             label="nbdkit memory"; cmd="nbdkit -f -i 127.0.0.1 -p PORT memory ${export_mib}M" ;;
+        store1) uri="nbd://127.0.0.1:$p_d1/"; ws=$ws_h; server_pids="$pid_d1"
+                label="nbdkit memory + delay filter 1 ms (the store alone)"
+                cmd="nbdkit -f -i 127.0.0.1 -p PORT_1MS --filter=delay memory ${export_mib}M rdelay=1ms wdelay=1ms" ;;
+        store5) uri="nbd://127.0.0.1:$p_d5/"; ws=$ws_h; server_pids="$pid_d5"
+                label="nbdkit memory + delay filter 5 ms (the store alone)"
+                cmd="nbdkit -f -i 127.0.0.1 -p PORT_5MS --filter=delay memory ${export_mib}M rdelay=5ms wdelay=5ms" ;;
+        proxy1) uri="nbd://127.0.0.1:$p_px/"; ws=$ws_h; server_pids="$pid_px $pid_d1"
+                label="nbdkit nbd plugin (a plain proxy) over the 1 ms store"
+                cmd="nbdkit -f -i 127.0.0.1 -p PORT nbd uri=nbd://127.0.0.1:PORT_1MS/" ;;
+        *) uri="nbd://127.0.0.1:${f_port[$cfg]}/d"; ws=${f_ws[$cfg]}; label=${f_label[$cfg]}
+           mport=${f_mport[$cfg]}
+           cmd="$(fallow_cmd "$cfg" | sed "s|127.0.0.1:$p_d1/|127.0.0.1:PORT_1MS/|; s|127.0.0.1:$p_d5/|127.0.0.1:PORT_5MS/|") --listen 127.0.0.1:PORT"
+           if [[ ${f_store[$cfg]} == "$p_d1" ]]; then server_pids="${f_pid[$cfg]} $pid_d1"
+           else server_pids="${f_pid[$cfg]} $pid_d5"; fi ;;
+    esac
+    [[ -n $mport ]] && metrics_snap "$mport" "$work/m0"
+    local before after rc=0
+    # shellcheck disable=SC2086
+    before=$(cpu_snap $server_pids)
+    timeout $((runtime + ramp + 60)) fio --name=r --ioengine=nbd --uri="$uri" --rw=randread --bs=4k \
+        --iodepth="$qd" --offset=0 --size="${ws}M" --norandommap --randrepeat=0 --time_based \
+        --runtime="$runtime" --ramp_time="$ramp" --lat_percentiles=1 --output-format=json \
+        --output="$work/fio.json" >/dev/null 2>"$work/fio.err" || rc=$?
+    # shellcheck disable=SC2086
+    after=$(cpu_snap $server_pids)
+    [[ -n $mport ]] && metrics_snap "$mport" "$work/m1"
+    if ((rc != 0)); then
+        log "fio failed ($rc) on $cfg QD $qd: $(head -c 300 "$work/fio.err")"
+        return 0
+    fi
+    python3 bench/nbd_table.py record "$work/fio.json" \
+        ${mport:+--metrics "$work/m0" "$work/m1"} \
+        --field config="$cfg" --field label="$label" --field round="$round" --field qd="$qd" \
+        --field ws_mib="$ws" --field command="$cmd" --field others="$(others_now)" \
+        --field cpu_before="$before" --field cpu_after="$after" --field clk="$clk" \
+        --field load="$(cut -d' ' -f1-3 /proc/loadavg)" >>"$results"
+    log "  $(tail -1 "$results" | python3 bench/nbd_table.py brief)"
+}
+
+# --- the rounds ---------------------------------------------------------------------------------
+group_1ms=(mem store1 proxy1 f1_in f1_x2 f1_empty)
+group_5ms=(store5 f5_in f5_x2 f5_empty)
+group_plot=(f1_q f1_c f1_x4)
+rotate() { # R ITEMS... -> the items rotated left by R
+    local r=$1; shift
+    local a=("$@") n=$# i
+    for ((i = 0; i < n; i++)); do echo "${a[(i + r) % n]}"; done
+}
+started=$SECONDS
+for ((round = 1; round <= rounds; round++)); do
+    for qd in 1 16; do
+        for group in group_1ms group_5ms; do
+            declare -n g=$group
+            wait_quiet
+            log "round $round/$rounds, QD $qd, ${group#group_}"
+            for cfg in $(rotate $((round - 1)) "${g[@]}"); do run "$cfg" "$round" "$qd"; done
+            unset -n g
+        done
+    done
+    wait_quiet
+    log "round $round/$rounds, QD 16, working sets for the plot"
+    for cfg in $(rotate $((round - 1)) "${group_plot[@]}"); do run "$cfg" "$round" 16; done
+done
+log "measured in $((SECONDS - started)) s"
+
+# --- the section --------------------------------------------------------------------------------
+commit=$(git rev-parse --short HEAD)
+dirty=$(git status --porcelain --untracked-files=no -- crates Cargo.toml Cargo.lock | awk '{print $2}' | tr '\n' ' ')
+python3 - "$meta" <<EOF
+import json, sys
+json.dump({
+    "date": "$(date -u '+%Y-%m-%d %H:%M UTC')",
+    "commit": "$commit",
+    "dirty": "$dirty".split(),
+    "nproc": "$(nproc)",
+    "cpu": "$(lscpu | sed -n 's/^Model name: *//p' | head -1)",
+    "kernel": "$(uname -r)",
+    "mem": "$(free -g | awk '/^Mem:/{print $2}') GiB",
+    "fio": "$(fio --version)",
+    "nbdkit": "$(nbdkit --version | head -1)",
+    "command": "bash bench/nbd_vs_nbdkit.sh $args_given".strip(),
+    "rounds": $rounds, "runtime": $runtime, "ramp": $ramp,
+    "pool": "$pool", "local_tier": "$local_tier", "cache_mib": $cache_mib, "export_mib": $export_mib,
+    "has_metrics": $has_metrics, "waited_s": $waited, "gave_up": $gave_up,
+    "loadavg_end": "$(cut -d' ' -f1-3 /proc/loadavg)",
+}, open(sys.argv[1], "w"), indent=1)
+EOF
+python3 bench/nbd_table.py table "$results" "$meta" >"$section"
+cat "$section"
+if ((write)); then
+    python3 bench/nbd_table.py write-section "$section" BENCHMARKS.md
+    if python3 -c 'import matplotlib' 2>/dev/null; then
+        mkdir -p docs/img
+        python3 bench/plot_nbd.py "$results" docs/img/nbd-iops-vs-working-set.png
+        log "wrote docs/img/nbd-iops-vs-working-set.png"
+    else
+        log "no matplotlib: no plot (pip install matplotlib, then: python3 bench/plot_nbd.py $results docs/img/nbd-iops-vs-working-set.png)"
+    fi
+    log "wrote the section into BENCHMARKS.md"
+fi
+log "raw results: $results"
