@@ -33,7 +33,7 @@ PAIRS = [
 ]
 ORDER = ["mem", "store1", "proxy1", "store5", "f1_q", "f1_in", "f1_c", "f1_x2", "f1_x4", "f1_empty",
          "f5_in", "f5_x2", "f5_empty"]
-BUSY = 0.25  # CPUs kept busy by other work above which a run is flagged
+BUSY = 0.3  # CPUs kept busy by other work above which a run is flagged
 
 
 def parse_metrics(path):
@@ -118,6 +118,10 @@ def f_us(x):
     return "–" if x is None else (f"{x:,.0f}" if x >= 1000 else f"{x:.1f}")
 
 
+def f_cpu(x):
+    return "–" if x is None else (f"{x:.0f}" if x >= 10 else f"{x:.1f}")
+
+
 def f_r(x):
     return "–" if x is None else f"{x:.2f}"
 
@@ -127,6 +131,8 @@ def table(results_path, meta_path):
     meta = json.load(open(meta_path))
     by = defaultdict(list)  # (config, qd) -> runs
     for r in runs:
+        # reads over the whole run (ramp included): IOPS x wall time is close enough
+        r["cpu_us_per_read"] = r["server_cpus"] / r["iops"] * 1e6 if r["iops"] else None
         by[(r["config"], r["qd"])].append(r)
     label = {r["config"]: r["label"] for r in runs}
     ws = {r["config"]: r["ws_mib"] for r in runs}
@@ -176,8 +182,9 @@ def table(results_path, meta_path):
 
     # Medians per configuration.
     p("| configuration | working set | QD 1 IOPS | QD 1 latency p50 / p99 µs | QD 16 IOPS | "
-      "QD 16 latency p50 / p99 µs | hit ratio QD 1 / QD 16 | other CPUs QD 1 / QD 16 |")
-    p("|---|---:|---:|---:|---:|---:|---:|---:|")
+      "QD 16 latency p50 / p99 µs | hit ratio QD 1 / QD 16 | server CPU µs per read QD 1 / QD 16 "
+      "| other CPUs QD 1 / QD 16 |")
+    p("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for cfg in ORDER:
         if not (by.get((cfg, 1)) or by.get((cfg, 16))):
             continue
@@ -188,13 +195,16 @@ def table(results_path, meta_path):
           f"{f_us(stat(cfg, 1, 'lat_p50_us'))} / {f_us(stat(cfg, 1, 'lat_p99_us'))} | "
           f"{f_int(stat(cfg, 16, 'iops'))} | "
           f"{f_us(stat(cfg, 16, 'lat_p50_us'))} / {f_us(stat(cfg, 16, 'lat_p99_us'))} | {hit_s} | "
+          f"{f_cpu(stat(cfg, 1, 'cpu_us_per_read'))} / {f_cpu(stat(cfg, 16, 'cpu_us_per_read'))} | "
           f"{f_r(stat(cfg, 1, 'other_cpus'))} / {f_r(stat(cfg, 16, 'other_cpus'))} |")
     p("")
     p(f"Medians of {meta['rounds']} rounds. Latency is fio's total latency (submission to "
       "completion). The hit ratio is (local-tier + pool hits) / pages read, from fallow's "
-      "metrics over the whole run (ramp included). \"Other CPUs\": CPU-seconds per second "
-      "used by everything but the servers under test and fio during the run (other "
-      "processes, steal time; interrupts left out).")
+      "metrics over the whole run (ramp included). Server CPU per read: the CPU time of the "
+      "processes serving the reads (nbdkit; or fallow plus its store; or nbdkit's proxy plus "
+      "the store) over the run, divided by the reads. \"Other CPUs\": CPU-seconds per second "
+      "used by everything but those servers and fio during the run (other processes, steal "
+      "time; interrupts left out).")
     p("")
 
     # Ratios per pair.
@@ -228,10 +238,32 @@ def table(results_path, meta_path):
         notes.append(f"Waiting for other benchmarks to finish gave up {meta['gave_up']} time(s) "
                      "(after 15 min for one block, or once 30 min of waiting in all had passed); "
                      "those blocks ran alongside them.")
+    if "redone" in meta:
+        notes.append(f"{meta['redone']} run(s) were redone because other work took more than "
+                     f"{meta['busy_limit']} CPUs during them (at most twice per run; the "
+                     "discarded runs are kept in the `.discarded.jsonl` file next to the "
+                     f"results), after waiting for an idle machine ({meta['idle_waited_s']} s "
+                     "in all).")
     notes.append(f"Waited {meta['waited_s']} s in all for other benchmarks to finish before "
                  f"measurement blocks. Load average at the end: {meta['loadavg_end']}.")
     p(" ".join(notes))
     p("")
+
+    # What a miss costs fallow, and what a plain proxy loses.
+    fe, st, px = (stat(c, 16, "cpu_us_per_read") for c in ("f1_empty", "store1", "proxy1"))
+    fi, mm = stat("f1_in", 16, "cpu_us_per_read"), stat("mem", 16, "cpu_us_per_read")
+    if None not in (fe, st, fi, mm):
+        txt = (f"At QD 16, a read that misses costs fallow about {fe - st:.0f} µs of CPU "
+               f"(fallow + store {fe:.0f} µs per read against the store's own {st:.0f} µs), "
+               f"a hit about {fi:.0f} µs (nbdkit memory: {mm:.0f} µs). ")
+        if px is not None:
+            txt += (f"nbdkit's own nbd plugin, a plain proxy, costs {px - st:.0f} µs per read "
+                    f"and reaches {f_r(ratio('proxy1', 'store1', 16, 'iops'))} × the store "
+                    f"alone at QD 16 ({f_r(ratio('proxy1', 'store1', 1, 'iops'))} × at QD 1). ")
+        txt += ("The client, the servers and the store share 2 vCPUs, so CPU per read "
+                "is what bounds QD 16 here.")
+        p(txt)
+        p("")
 
     # Targets.
     hit_in = [stat("f1_in", q, "hit_ratio") for q in (1, 16)]
