@@ -50,16 +50,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-pids=()
-cleanup() {
-    for pid in "${pids[@]}"; do
-        kill "$pid" 2>/dev/null || true
-    done
-    for pid in "${pids[@]}"; do
-        wait "$pid" 2>/dev/null || true
-    done
-}
-trap cleanup EXIT
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+trap stop_pids EXIT
 
 if [[ -z "${FALLOW_BIN:-}" ]]; then
     printf '==> [%s] cargo build --release -p fallow\n' "$(date +%T)" >&2

@@ -63,14 +63,10 @@ results="$out_dir/node-vs-memcached-$stamp.jsonl"
 section="$out_dir/node-vs-memcached-$stamp.md"
 work=$(mktemp -d /tmp/fallow-vs-mc.XXXXXX)
 
-pids=()
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
 cleanup() {
-    for pid in "${pids[@]}"; do
-        kill "$pid" 2>/dev/null || true
-    done
-    for pid in "${pids[@]}"; do
-        wait "$pid" 2>/dev/null || true
-    done
+    stop_pids
     rm -rf "$work"
 }
 trap cleanup EXIT
