@@ -100,6 +100,9 @@ else
     cp target/release/fallow "$work/fallow"
 fi
 fallow="$work/fallow"
+# what was built: the commit, and files changed since (other people's work in progress)
+commit=$(git rev-parse --short HEAD)
+dirty=$(git status --porcelain --untracked-files=no -- crates Cargo.toml Cargo.lock | awk '{print $2}' | tr '\n' ' ')
 has_metrics=0
 if "$fallow" nbd --help | grep -q -- '--metrics'; then has_metrics=1; fi
 
@@ -352,8 +355,6 @@ done
 log "measured in $((SECONDS - started)) s"
 
 # --- the section --------------------------------------------------------------------------------
-commit=$(git rev-parse --short HEAD)
-dirty=$(git status --porcelain --untracked-files=no -- crates Cargo.toml Cargo.lock | awk '{print $2}' | tr '\n' ' ')
 python3 - "$meta" <<EOF
 import json, sys
 json.dump({
