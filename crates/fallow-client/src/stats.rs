@@ -29,7 +29,6 @@ impl NodeStats {
             .filter_map(|e| e.name.strip_prefix("pool.")?.split_once('.')?.0.parse().ok())
             .map(PoolId)
             .collect();
-        pools.dedup();
         pools.sort();
         pools.dedup();
         pools

@@ -163,11 +163,6 @@ impl NbdMetrics {
         }
     }
 
-    /// How many requests of `cmd` ended with `result` (for tests).
-    pub fn count(&self, cmd: &'static str, result: &'static str) -> u64 {
-        self.requests.get_or_create(&CmdResult { cmd, result }).get()
-    }
-
     /// Refreshes the export gauges and encodes everything in the Prometheus text format.
     pub fn render(&self, exports: &[Arc<Export>]) -> String {
         let set = |g: &Gauge, v: u64| {

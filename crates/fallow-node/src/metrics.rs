@@ -230,13 +230,9 @@ impl Metrics {
 
     /// Counts `n` pages of a page op with result `event`.
     pub fn pages(&self, op: Op, event: PageEvent, n: u64) {
-        let row = match op {
-            Op::Get => 0,
-            Op::Take => 1,
-            Op::Put => 2,
-            _ => return,
-        };
-        self.page_handles[row][event as usize].inc_by(n);
+        if let Some(row) = page_row(op) {
+            self.page_handles[row][event as usize].inc_by(n);
+        }
     }
 
     /// Counts one instance of bad input or a misbehaving peer.
@@ -251,13 +247,7 @@ impl Metrics {
 
     /// Pages counted with `event` for `op` so far.
     pub fn page_count(&self, op: Op, event: PageEvent) -> u64 {
-        let row = match op {
-            Op::Get => 0,
-            Op::Take => 1,
-            Op::Put => 2,
-            _ => return 0,
-        };
-        self.page_handles[row][event as usize].get()
+        page_row(op).map_or(0, |row| self.page_handles[row][event as usize].get())
     }
 
     /// Refreshes the engine gauges and encodes everything in the Prometheus text format.
@@ -290,6 +280,16 @@ impl Metrics {
         // Writing into a String cannot fail.
         encode(&mut text, &self.registry).expect("encoding into a String");
         text
+    }
+}
+
+/// The row of `Metrics::page_handles` for a page op (the order of `page_ops` in `new`).
+fn page_row(op: Op) -> Option<usize> {
+    match op {
+        Op::Get => Some(0),
+        Op::Take => Some(1),
+        Op::Put => Some(2),
+        _ => None,
     }
 }
 

@@ -84,10 +84,26 @@ impl Raw {
         (id, Reply::parse(frame, op, keys).unwrap())
     }
 
-    /// True when the node closes the connection (after any replies already sent).
+    /// True when the node closes the connection (after any replies already sent) within
+    /// the read timeout; false if it keeps the connection open.
     fn closed(&mut self) -> bool {
-        while self.frame().is_some() {}
-        true
+        let mut chunk = [0u8; 65536];
+        loop {
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return true,
+                Ok(_) => {} // replies sent before closing
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return false
+                }
+                Err(e) => panic!("read failed: {e}"),
+            }
+        }
     }
 }
 

@@ -400,7 +400,7 @@ impl CacheLayer {
         let local = s.config.local_pages > 0;
         for (i, page) in from_pool.iter().chain(from_store.iter()) {
             if local && ok(*i) {
-                self.keep_local(pieces[*i].page, page.clone(), tickets[*i]);
+                self.keep_local(pieces[*i].page, page.clone());
             }
         }
         let to_pool = s.config.mode == Mode::Inclusive || !local;
@@ -417,7 +417,7 @@ impl CacheLayer {
     }
 
     /// Inserts into the local tier; an evicted page goes to the demoter (exclusive mode).
-    fn keep_local(&self, page: u64, data: Bytes, _ticket: Option<Ticket>) {
+    fn keep_local(&self, page: u64, data: Bytes) {
         let s = &*self.shared;
         if let Some((evicted, bytes)) = s.local.insert(page, data) {
             if let Some(demote) = &s.demote {
@@ -474,7 +474,7 @@ impl CacheLayer {
         for (page, bytes) in replace {
             // Evictions here go to the demoter with no ticket for pages of this write's
             // stripes: those are dropped, never demoted stale.
-            self.keep_local(page, bytes, None);
+            self.keep_local(page, bytes);
         }
         self.invalidate_in_pool(&invalidate).await;
         gates.finish();
