@@ -27,7 +27,7 @@ use crate::config::{EngineConfig, MAX_BUDGET_BYTES};
 use crate::content::{checksum, fill_word, write_fill, Digest};
 use crate::eviction;
 use crate::pools::{PoolCounters, PoolState, PoolTable};
-use crate::shard::{Shard, Slot, Value};
+use crate::shard::{key_hash, Shard, Slot, Value};
 use crate::stats::{BudgetReport, EngineStats, MemoryUsage, PoolStats};
 use crate::store::{InternOptions, Read, ShrinkReport, Store};
 
@@ -224,15 +224,6 @@ impl Engine {
     }
 }
 
-/// A well-mixed hash of a key: its high bits pick the shard, all of it feeds the policy.
-fn key_hash(key: &PageKey) -> u64 {
-    let mut b = [0u8; 20];
-    b[..4].copy_from_slice(&key.pool.0.to_le_bytes());
-    b[4..12].copy_from_slice(&key.object.to_le_bytes());
-    b[12..].copy_from_slice(&key.index.to_le_bytes());
-    xxhash_rust::xxh3::xxh3_64(&b)
-}
-
 impl Inner {
     fn pool(&self, id: PoolId) -> Result<Arc<PoolState>, StoreError> {
         self.pools.read().get(id)
@@ -366,7 +357,7 @@ impl Inner {
         let mut store = self.store.write();
         // The old page goes first, whatever happens next: a refused put must not leave an
         // older page visible.
-        if let Some((id, _)) = shard.lookup(&key) {
+        if let Some((id, _)) = shard.lookup(&key, hash) {
             let old = shard.remove(id);
             self.release(&mut store, &old, Some(&pool.counters));
         }
@@ -432,7 +423,7 @@ impl Inner {
         out: &mut [u8],
         remove: bool,
     ) -> Lookup {
-        let Some((id, slot)) = shard.lookup(&key) else { return Lookup::Miss };
+        let Some((id, slot)) = shard.lookup(&key, hash) else { return Lookup::Miss };
         match slot.value {
             Value::Fill(word) => write_fill(word, out),
             Value::Content(content) => {
@@ -470,7 +461,7 @@ impl Inner {
         let pool = self.pool(key.pool)?;
         let hash = key_hash(&key);
         let mut shard = self.shards[self.shard_of(hash)].lock();
-        if let Some((id, _)) = shard.lookup(&key) {
+        if let Some((id, _)) = shard.lookup(&key, hash) {
             let slot = shard.remove(id);
             self.release(&mut self.store.write(), &slot, Some(&pool.counters));
             PoolCounters::bump(&pool.counters.invalidations);
@@ -478,17 +469,20 @@ impl Inner {
         Ok(())
     }
 
-    /// Removes every page of `pool` with an object in `objects`, shard by shard.
-    fn invalidate_range(
+    /// Removes every page of `pool` (of `object` only, when given), shard by shard.
+    fn invalidate_pages(
         &self,
         pool: PoolId,
         counters: &PoolCounters,
-        objects: std::ops::RangeInclusive<ObjectId>,
+        object: Option<ObjectId>,
     ) -> u64 {
         let mut removed = 0;
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
-            let ids = shard.range(pool, objects.clone());
+            let ids = match object {
+                Some(object) => shard.object_pages(pool, object),
+                None => shard.pool_pages(pool),
+            };
             if ids.is_empty() {
                 continue;
             }
@@ -506,7 +500,7 @@ impl Inner {
     fn destroy_pool(&self, id: PoolId) -> Result<(), StoreError> {
         let last = self.pools.write().detach(id)?;
         if let Some(state) = last {
-            let removed = self.invalidate_range(id, &state.counters, 0..=u64::MAX);
+            let removed = self.invalidate_pages(id, &state.counters, None);
             tracing::debug!(pool = id.0, removed, "pool destroyed");
         }
         Ok(())
@@ -584,12 +578,12 @@ impl PageStore for Engine {
 
     fn invalidate_object(&self, pool: PoolId, object: ObjectId) -> Result<u64, StoreError> {
         let state = self.inner.pool(pool)?;
-        Ok(self.inner.invalidate_range(pool, &state.counters, object..=object))
+        Ok(self.inner.invalidate_pages(pool, &state.counters, Some(object)))
     }
 
     fn invalidate_pool(&self, pool: PoolId) -> Result<u64, StoreError> {
         let state = self.inner.pool(pool)?;
-        Ok(self.inner.invalidate_range(pool, &state.counters, 0..=u64::MAX))
+        Ok(self.inner.invalidate_pages(pool, &state.counters, None))
     }
 
     fn put_many(&self, keys: &[PageKey], pages: &[u8]) -> Result<Vec<PutOutcome>, StoreError> {
@@ -657,7 +651,7 @@ mod tests {
         let _ = e.put(key, &page).unwrap();
         let inner = e.inner();
         let hash = key_hash(&key);
-        let (_, slot) = inner.shards[inner.shard_of(hash)].lock().lookup(&key).unwrap();
+        let (_, slot) = inner.shards[inner.shard_of(hash)].lock().lookup(&key, hash).unwrap();
         let Value::Content(id) = slot.value else { panic!("not a content page") };
         inner.store.write().corrupt(id);
         let mut out = vec![0u8; PAGE_SIZE];

@@ -1,0 +1,407 @@
+//! One shard of the page index: key → slot, the slots themselves, the shard's objects, and
+//! the eviction policy over this shard's ephemeral pages.
+//!
+//! ```text
+//!  index: HashTable<SlotId>  ──hash(key)──▶  slots[id] { index, value, object ref, prev, next }
+//!                                                         │
+//!  objects: (pool, object) ◀──────────────────────────────┘   head ──▶ slot ⇄ slot ⇄ …
+//! ```
+//!
+//! The index is an open-addressing table of slot ids (5 bytes a bucket) hashed by the
+//! page's key; the key itself is stored once, split between the slot (the page index) and
+//! the object table (pool and object, shared by all of an object's pages). Each object's
+//! pages form a doubly linked list through their slots, so invalidating an object walks
+//! exactly its pages, and invalidating a pool walks its objects. Slots are dense ids,
+//! reused, so that policies can keep their per-page state in flat arrays.
+//!
+//! # Locking
+//! Each shard sits in its own mutex in the engine; every method here runs with it held.
+
+mod objects;
+
+use fallow_core::{ObjectId, PageKey, PoolId};
+use hashbrown::HashTable;
+
+use crate::eviction::{Eviction, SlotId};
+use crate::store::ContentId;
+use objects::{ObjectRef, Objects, NIL};
+
+/// A well-mixed hash of a key: its high bits pick the shard, all of it feeds the index and
+/// the policy.
+pub(crate) fn key_hash(key: &PageKey) -> u64 {
+    let mut b = [0u8; 20];
+    b[..4].copy_from_slice(&key.pool.0.to_le_bytes());
+    b[4..12].copy_from_slice(&key.object.to_le_bytes());
+    b[12..].copy_from_slice(&key.index.to_le_bytes());
+    xxhash_rust::xxh3::xxh3_64(&b)
+}
+
+/// What an index entry holds in place of page bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Value {
+    /// Every 8-byte word of the page is this word: no frame is used.
+    Fill(u64),
+    /// The page's bytes are this content in the store.
+    Content(ContentId),
+}
+
+/// One page in the index.
+#[derive(Debug, Clone, Copy)]
+pub struct Slot {
+    /// The page's key.
+    pub key: PageKey,
+    /// Where its bytes are.
+    pub value: Value,
+    /// Persistent pages are never handed to the eviction policy.
+    pub persistent: bool,
+}
+
+/// A [`Slot`] as stored: 32 bytes. The pool and object live in the object table; the value's
+/// kind and the persistence flag share the tag byte.
+#[derive(Debug, Clone, Copy, Default)]
+struct Packed {
+    index: u64,
+    /// The fill word, or the content id.
+    word: u64,
+    object: ObjectRef,
+    /// The neighbours in the object's page list.
+    prev: SlotId,
+    next: SlotId,
+    /// `TAG_FREE`, `TAG_FILL` or `TAG_CONTENT`, plus `PERSISTENT`.
+    tag: u8,
+}
+
+const TAG_FREE: u8 = 0;
+const TAG_FILL: u8 = 1;
+const TAG_CONTENT: u8 = 2;
+const TAG_KIND: u8 = 3;
+const PERSISTENT: u8 = 0x80;
+
+impl Packed {
+    fn new(slot: &Slot, object: ObjectRef) -> Self {
+        let (word, kind) = match slot.value {
+            Value::Fill(w) => (w, TAG_FILL),
+            Value::Content(id) => (u64::from(id), TAG_CONTENT),
+        };
+        let tag = kind | if slot.persistent { PERSISTENT } else { 0 };
+        Self { index: slot.key.index, word, object, prev: NIL, next: NIL, tag }
+    }
+
+    fn is_free(&self) -> bool {
+        self.tag & TAG_KIND == TAG_FREE
+    }
+
+    fn value(&self) -> Value {
+        match self.tag & TAG_KIND {
+            TAG_FILL => Value::Fill(self.word),
+            _ => Value::Content(self.word as ContentId),
+        }
+    }
+}
+
+/// An index shard.
+pub struct Shard {
+    index: HashTable<SlotId>,
+    slots: Vec<Packed>,
+    free_slots: Vec<SlotId>,
+    objects: Objects,
+    policy: Box<dyn Eviction>,
+}
+
+/// The key of live slot `id`.
+fn key_of(slots: &[Packed], objects: &Objects, id: SlotId) -> PageKey {
+    let s = &slots[id as usize];
+    let o = objects.get(s.object);
+    PageKey::new(o.pool, o.object, s.index)
+}
+
+impl Shard {
+    /// An empty shard whose ephemeral pages are managed by `policy`.
+    pub fn new(policy: Box<dyn Eviction>) -> Self {
+        Self {
+            index: HashTable::new(),
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            objects: Objects::default(),
+            policy,
+        }
+    }
+
+    /// Pages in this shard.
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    /// The policy's name.
+    pub fn policy_name(&self) -> &'static str {
+        self.policy.name()
+    }
+
+    /// Tells the policy how many pages this shard holds when full.
+    ///
+    /// The index keeps the capacity it grew to: shrinking it would rehash every entry under
+    /// this lock while gets wait, to save 5 bytes per page of the peak.
+    pub fn set_capacity(&mut self, pages: usize) {
+        self.policy.set_capacity(pages);
+    }
+
+    /// The live slot `id`, unpacked.
+    fn slot(&self, id: SlotId) -> Slot {
+        let s = &self.slots[id as usize];
+        debug_assert!(!s.is_free(), "slot {id} is free");
+        Slot {
+            key: key_of(&self.slots, &self.objects, id),
+            value: s.value(),
+            persistent: s.tag & PERSISTENT != 0,
+        }
+    }
+
+    /// The slot holding `key`, whose [`key_hash`] is `hash`, if any.
+    pub fn lookup(&self, key: &PageKey, hash: u64) -> Option<(SlotId, Slot)> {
+        let (slots, objects) = (&self.slots, &self.objects);
+        let &id = self.index.find(hash, |&id| {
+            let s = &slots[id as usize];
+            s.index == key.index && {
+                let o = objects.get(s.object);
+                o.object == key.object && o.pool == key.pool
+            }
+        })?;
+        Some((id, self.slot(id)))
+    }
+
+    /// Records a hit on an ephemeral page.
+    pub fn touch(&mut self, id: SlotId, hash: u64) {
+        // Read the tag alone: a hit is the hot path, and unpacking the whole slot is not needed.
+        let tag = self.slots[id as usize].tag;
+        if tag & TAG_KIND != TAG_FREE && tag & PERSISTENT == 0 {
+            self.policy.touch(id, hash);
+        }
+    }
+
+    /// Adds a page. The caller guarantees `slot.key` is not in the index and that `hash` is
+    /// its [`key_hash`].
+    pub fn insert(&mut self, slot: Slot, hash: u64) -> SlotId {
+        debug_assert_eq!(hash, key_hash(&slot.key));
+        let object = self.objects.find_or_add(slot.key.pool, slot.key.object);
+        let packed = Packed::new(&slot, object);
+        let id = match self.free_slots.pop() {
+            Some(id) => {
+                self.slots[id as usize] = packed;
+                id
+            }
+            None => {
+                self.slots.push(packed);
+                SlotId::try_from(self.slots.len() - 1).expect("slot ids fit in 32 bits")
+            }
+        };
+        self.link(id);
+        let Shard { index, slots, objects, .. } = self;
+        index.insert_unique(hash, id, |&x| key_hash(&key_of(slots, objects, x)));
+        if !slot.persistent {
+            self.policy.insert(id, hash);
+        }
+        id
+    }
+
+    /// Puts live slot `id` at the head of its object's list.
+    fn link(&mut self, id: SlotId) {
+        let r = self.slots[id as usize].object;
+        let object = self.objects.get_mut(r);
+        let head = object.head;
+        object.head = id;
+        object.pages += 1;
+        if head != NIL {
+            self.slots[head as usize].prev = id;
+        }
+        let s = &mut self.slots[id as usize];
+        s.prev = NIL;
+        s.next = head;
+    }
+
+    /// Takes live slot `id` out of its object's list, and the object out of the table when
+    /// it was its last page here.
+    fn unlink(&mut self, id: SlotId) {
+        let Packed { prev, next, object: r, .. } = self.slots[id as usize];
+        if prev != NIL {
+            self.slots[prev as usize].next = next;
+        } else {
+            self.objects.get_mut(r).head = next;
+        }
+        if next != NIL {
+            self.slots[next as usize].prev = prev;
+        }
+        let object = self.objects.get_mut(r);
+        object.pages -= 1;
+        if object.pages == 0 {
+            self.objects.remove(r);
+        }
+    }
+
+    /// Takes live slot `id` out of the index and its object, frees it, and returns it.
+    fn detach(&mut self, id: SlotId) -> Slot {
+        let slot = self.slot(id);
+        let found = self.index.find_entry(key_hash(&slot.key), |&x| x == id);
+        found.expect("a live slot is indexed").remove();
+        self.unlink(id);
+        self.slots[id as usize].tag = TAG_FREE;
+        self.free_slots.push(id);
+        slot
+    }
+
+    /// Removes a page by slot id and returns it.
+    pub fn remove(&mut self, id: SlotId) -> Slot {
+        assert!(!self.slots[id as usize].is_free(), "remove of free slot {id}");
+        let slot = self.detach(id);
+        if !slot.persistent {
+            self.policy.remove(id);
+        }
+        slot
+    }
+
+    /// Asks the policy for a victim and removes it. `None` when no ephemeral page is left.
+    pub fn evict_one(&mut self) -> Option<Slot> {
+        let id = self.policy.pop_victim()?;
+        assert!(!self.slots[id as usize].is_free(), "policy returned free slot {id}");
+        Some(self.detach(id))
+    }
+
+    /// Slot ids of every page of `object` in `pool`.
+    pub fn object_pages(&self, pool: PoolId, object: ObjectId) -> Vec<SlotId> {
+        let mut ids = Vec::new();
+        if let Some(r) = self.objects.find(pool, object) {
+            self.collect_list(r, &mut ids);
+        }
+        ids
+    }
+
+    /// Slot ids of every page of `pool`.
+    pub fn pool_pages(&self, pool: PoolId) -> Vec<SlotId> {
+        let mut ids = Vec::new();
+        for (r, o) in self.objects.live() {
+            if o.pool == pool {
+                self.collect_list(r, &mut ids);
+            }
+        }
+        ids
+    }
+
+    fn collect_list(&self, r: ObjectRef, ids: &mut Vec<SlotId>) {
+        let mut id = self.objects.get(r).head;
+        while id != NIL {
+            ids.push(id);
+            id = self.slots[id as usize].next;
+        }
+    }
+
+    /// Every live slot, for validation and stats.
+    pub fn slots(&self) -> impl Iterator<Item = (SlotId, Slot)> + '_ {
+        (0..self.slots.len() as SlotId)
+            .filter(|&id| !self.slots[id as usize].is_free())
+            .map(|id| (id, self.slot(id)))
+    }
+
+    /// Heap bytes of this shard's metadata: index, slots, objects and policy.
+    pub fn heap_bytes(&self) -> usize {
+        use std::mem::size_of;
+        // Buckets are capacity × 8/7; each holds a slot id and a control byte.
+        let index = self.index.capacity() * 8 / 7 * (size_of::<SlotId>() + 1);
+        index
+            + self.slots.capacity() * size_of::<Packed>()
+            + self.free_slots.capacity() * size_of::<SlotId>()
+            + self.objects.heap_bytes()
+            + self.policy.heap_bytes()
+    }
+
+    /// Panics unless the index, the slots, the object lists and the policy agree.
+    pub fn validate(&self) {
+        let mut ephemeral = 0;
+        let mut live = 0;
+        for (id, slot) in self.slots() {
+            live += 1;
+            let hash = key_hash(&slot.key);
+            assert_eq!(self.lookup(&slot.key, hash).map(|(i, _)| i), Some(id), "{:?}", slot.key);
+            if !slot.persistent {
+                ephemeral += 1;
+            }
+        }
+        assert_eq!(live, self.index.len(), "index and slots disagree");
+        assert_eq!(live + self.free_slots.len(), self.slots.len(), "slot free list drifted");
+        self.objects.validate();
+        let mut listed = 0;
+        for (r, o) in self.objects.live() {
+            let mut prev = NIL;
+            let mut id = o.head;
+            let mut pages = 0;
+            while id != NIL {
+                let s = &self.slots[id as usize];
+                assert!(!s.is_free(), "free slot {id} in the list of object {r}");
+                assert_eq!((s.object, s.prev), (r, prev), "slot {id}: broken list of object {r}");
+                pages += 1;
+                assert!(pages <= o.pages, "object {r}: list longer than its count (a cycle?)");
+                prev = id;
+                id = s.next;
+            }
+            assert_eq!(pages, o.pages, "object {r}: list and count disagree");
+            listed += pages as usize;
+        }
+        assert_eq!(listed, live, "object lists and slots disagree");
+        assert_eq!(ephemeral, self.policy.len(), "policy tracks the wrong number of pages");
+        self.policy.validate();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::eviction::Lru;
+
+    fn slot(pool: u32, object: u64, index: u64, value: Value) -> Slot {
+        Slot { key: PageKey::new(PoolId(pool), object, index), value, persistent: false }
+    }
+
+    #[test]
+    fn a_stored_slot_takes_32_bytes_and_round_trips() {
+        assert_eq!(std::mem::size_of::<Packed>(), 32);
+        let mut shard = Shard::new(Box::new(Lru::new()));
+        let key = PageKey::new(PoolId(7), u64::MAX, 3);
+        for (value, persistent) in
+            [(Value::Fill(u64::MAX), true), (Value::Content(ContentId::MAX), false)]
+        {
+            let hash = key_hash(&key);
+            let id = shard.insert(Slot { key, value, persistent }, hash);
+            let (found, back) = shard.lookup(&key, hash).unwrap();
+            assert_eq!(found, id);
+            assert_eq!((back.key, back.value, back.persistent), (key, value, persistent));
+            shard.validate();
+            let gone = shard.remove(id);
+            assert_eq!(gone.key, key);
+            assert!(shard.lookup(&key, hash).is_none(), "a removed slot is gone");
+            shard.validate();
+        }
+    }
+
+    #[test]
+    fn object_and_pool_walks_find_exactly_their_pages() {
+        let mut shard = Shard::new(Box::new(Lru::new()));
+        let mut ids = std::collections::HashMap::new();
+        for (pool, object, index) in [(1, 1, 0), (1, 1, 5), (1, 2, 0), (2, 1, 0), (1, 1, 9)] {
+            let s = slot(pool, object, index, Value::Fill(0));
+            ids.insert((pool, object, index), shard.insert(s, key_hash(&s.key)));
+        }
+        shard.validate();
+        let mut object: Vec<_> = shard.object_pages(PoolId(1), 1);
+        object.sort_unstable();
+        let mut want = vec![ids[&(1, 1, 0)], ids[&(1, 1, 5)], ids[&(1, 1, 9)]];
+        want.sort_unstable();
+        assert_eq!(object, want);
+        assert_eq!(shard.pool_pages(PoolId(1)).len(), 4);
+        assert_eq!(shard.pool_pages(PoolId(2)), vec![ids[&(2, 1, 0)]]);
+        // Unlink from the middle, the head and the tail of a list.
+        for k in [(1, 1, 5), (1, 1, 9), (1, 1, 0)] {
+            shard.remove(ids[&k]);
+            shard.validate();
+        }
+        assert!(shard.object_pages(PoolId(1), 1).is_empty());
+        assert_eq!(shard.pool_pages(PoolId(1)), vec![ids[&(1, 2, 0)]]);
+    }
+}
