@@ -4,10 +4,21 @@
 //!
 //! ```text
 //!  S: NBDMAGIC IHAVEOPT flags(FIXED_NEWSTYLE|NO_ZEROES)
-//!  C: client flags
-//!  C: option ─▶ S: reply … (repeat)
-//!     GO / EXPORT_NAME ─▶ transmission        ABORT ─▶ ACK, close
+//!  C: client flags ─ an unknown bit ─▶ close
+//!     ├─ C_FIXED_NEWSTYLE set:   option ─▶ S: reply … (repeat)
+//!     │                          GO / EXPORT_NAME ─▶ transmission   ABORT ─▶ ACK, close
+//!     └─ not set (plain newstyle): EXPORT_NAME ─▶ transmission; any other option ─▶ close
 //! ```
+//!
+//! # Clients without fixed newstyle
+//!
+//! The NBD spec ("Client flags") lets a server honour fixed newstyle from a client that did
+//! not set `NBD_FLAG_C_FIXED_NEWSTYLE`, but advises against relying on it: such a client
+//! may not understand option replies. So it gets plain newstyle, where
+//! `NBD_OPT_EXPORT_NAME` is "the only valid option" and has no error reply: the first
+//! option must be EXPORT_NAME naming an export, or the server hangs up without a reply.
+//! Unknown client flags (or `NBD_FLAG_C_NO_ZEROES`, had we not offered it) end the
+//! connection at once, as the spec says the server MUST.
 
 use std::sync::Arc;
 
@@ -41,7 +52,9 @@ pub enum HandshakeError {
     /// The client broke the protocol (the connection is dropped).
     #[error("protocol error: {0}")]
     Protocol(#[from] Error),
-    /// The client aborted or asked for an export that does not exist with EXPORT_NAME.
+    /// The session ended without an export: the client aborted, or the server hung up
+    /// where the protocol leaves it no reply (EXPORT_NAME with an unknown or malformed
+    /// name, or an option other than EXPORT_NAME from a client without fixed newstyle).
     #[error("{0}")]
     Ended(String),
 }
@@ -83,17 +96,16 @@ where
         n.fill().await?;
     };
     if n.client_flags & NBD_FLAG_C_FIXED_NEWSTYLE == 0 {
-        return Err(HandshakeError::Ended("client does not speak fixed newstyle".into()));
+        return n.plain_newstyle().await;
     }
     loop {
-        let request = loop {
-            if let Some(request) = decode_option(&mut n.input)? {
-                break request;
-            }
-            n.fill().await?;
-        };
+        let request = n.next_option().await?;
         let opt = match Opt::parse(&request) {
             Ok(opt) => opt,
+            // EXPORT_NAME has no error reply: the only refusal is to hang up.
+            Err(err) if request.option == NBD_OPT_EXPORT_NAME => {
+                return Err(malformed_export_name(err));
+            }
             Err(err) => {
                 n.reply(request.option, rep_error(RepError::Invalid, &err.to_string()));
                 n.flush().await?;
@@ -129,15 +141,7 @@ where
                 None
             }
             Opt::Info(opt) | Opt::Go(opt) => n.info(code, &opt),
-            Opt::ExportName(name) => {
-                let Some(export) = n.find(&name) else {
-                    return Err(HandshakeError::Ended(format!("no export named {name:?}")));
-                };
-                let reply =
-                    ExportNameReply { size: export.size(), flags: export.transmission_flags() };
-                reply.encode(&mut n.out, n.client_flags);
-                Some(export)
-            }
+            Opt::ExportName(name) => Some(n.export_name(&name)?),
             Opt::StartTls => {
                 n.reply(code, rep_error(RepError::Policy, "TLS is not offered"));
                 None
@@ -158,6 +162,53 @@ where
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Negotiation<'_, S> {
+    /// Plain (not fixed) newstyle: one option, which must be EXPORT_NAME. Nothing but the
+    /// EXPORT_NAME reply may be sent to such a client, so every refusal is a hang-up.
+    async fn plain_newstyle(mut self) -> Result<(Option<Session>, BytesMut), HandshakeError> {
+        tracing::info!(
+            client_flags = self.client_flags,
+            "client did not set NBD_FLAG_C_FIXED_NEWSTYLE: serving NBD_OPT_EXPORT_NAME only"
+        );
+        let request = self.next_option().await?;
+        let name = match (request.option, Opt::parse(&request)) {
+            (_, Ok(Opt::ExportName(name))) => name,
+            (NBD_OPT_EXPORT_NAME, Err(err)) => return Err(malformed_export_name(err)),
+            (option, _) => {
+                return Err(HandshakeError::Ended(format!(
+                    "{} from a client without fixed newstyle, where only \
+                     NBD_OPT_EXPORT_NAME is valid",
+                    option_name(option)
+                )))
+            }
+        };
+        let export = self.export_name(&name)?;
+        self.flush().await?;
+        let session = Session { export, structured: false, base_allocation: false };
+        Ok((Some(session), self.input))
+    }
+
+    /// The next whole option request.
+    async fn next_option(&mut self) -> Result<OptionRequest, HandshakeError> {
+        loop {
+            if let Some(request) = decode_option(&mut self.input)? {
+                return Ok(request);
+            }
+            self.fill().await?;
+        }
+    }
+
+    /// EXPORT_NAME: queues the reply (size, flags, and the zeroes unless the client sent
+    /// `NBD_FLAG_C_NO_ZEROES`) for an export that exists. For one that does not, the spec
+    /// leaves no reply: the server MUST end the session.
+    fn export_name(&mut self, name: &str) -> Result<Arc<Export>, HandshakeError> {
+        let Some(export) = self.find(name) else {
+            return Err(HandshakeError::Ended(format!("no export named {name:?}")));
+        };
+        let reply = ExportNameReply { size: export.size(), flags: export.transmission_flags() };
+        reply.encode(&mut self.out, self.client_flags);
+        Ok(export)
+    }
+
     async fn fill(&mut self) -> Result<(), HandshakeError> {
         if self.stream.read_buf(&mut self.input).await? == 0 {
             return Err(HandshakeError::Ended("client closed during negotiation".into()));
@@ -237,6 +288,136 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Negotiation<'_, S> {
     }
 }
 
+/// EXPORT_NAME with a name that does not parse: it has no error reply, so the server
+/// hangs up.
+fn malformed_export_name(err: Error) -> HandshakeError {
+    HandshakeError::Ended(format!("malformed NBD_OPT_EXPORT_NAME: {err}"))
+}
+
 fn rep_error(error: RepError, message: &str) -> OptionReply {
     OptionReply::Error { error, message: message.to_string() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::{CacheConfig, CacheLayer};
+    use fallow_backing::MemStore;
+    use fallow_proto::nbd::handshake::{encode_client_flags, GREETING_LEN};
+
+    const SIZE: u64 = 1 << 20;
+
+    fn exports() -> Vec<Arc<Export>> {
+        let cache = CacheLayer::new(Arc::new(MemStore::new(SIZE)), None, CacheConfig::default());
+        let export =
+            Export { name: "d".into(), description: String::new(), cache, read_only: false };
+        vec![Arc::new(export)]
+    }
+
+    /// The client flags, then these options, all sent before the server speaks.
+    fn client(flags: u32, options: &[Opt]) -> BytesMut {
+        let mut buf = BytesMut::new();
+        encode_client_flags(&mut buf, flags);
+        for opt in options {
+            opt.encode(&mut buf);
+        }
+        buf
+    }
+
+    /// Runs the server's side of the handshake against `input`; returns its outcome and
+    /// every byte the server sent, up to the point where it returned (and dropped its end).
+    async fn negotiate_with(input: &[u8]) -> (Result<Option<Session>, HandshakeError>, Vec<u8>) {
+        let (mut peer, mut server) = tokio::io::duplex(1 << 16);
+        peer.write_all(input).await.unwrap();
+        let exports = exports();
+        let result = negotiate(&mut server, &exports).await.map(|(session, _)| session);
+        drop(server);
+        let mut sent = Vec::new();
+        peer.read_to_end(&mut sent).await.unwrap();
+        (result, sent)
+    }
+
+    fn export_name(name: &str) -> Opt {
+        Opt::ExportName(name.into())
+    }
+
+    #[tokio::test]
+    async fn plain_newstyle_client_gets_export_name_with_zeroes() {
+        let (result, sent) = negotiate_with(&client(0, &[export_name("d")])).await;
+        let session = result.unwrap().expect("a session");
+        assert_eq!(session.export.name, "d");
+        assert!(!session.structured && !session.base_allocation);
+        // Greeting, then size, transmission flags and the 124 reserved zero bytes.
+        assert_eq!(sent.len(), GREETING_LEN + 8 + 2 + 124);
+        assert_eq!(sent[GREETING_LEN..GREETING_LEN + 8], SIZE.to_be_bytes());
+        assert!(sent[GREETING_LEN + 10..].iter().all(|b| *b == 0));
+    }
+
+    #[tokio::test]
+    async fn plain_newstyle_client_may_still_ask_for_no_zeroes() {
+        let (result, sent) =
+            negotiate_with(&client(NBD_FLAG_C_NO_ZEROES, &[export_name("")])).await;
+        assert_eq!(result.unwrap().expect("the default export").export.name, "d");
+        assert_eq!(sent.len(), GREETING_LEN + 10);
+    }
+
+    /// A client without fixed newstyle cannot read option replies, so anything but
+    /// EXPORT_NAME of an export that exists ends the session with nothing sent.
+    #[tokio::test]
+    async fn plain_newstyle_client_is_hung_up_on_for_anything_else() {
+        let go = Opt::Go(ExportOpt { name: "d".into(), info_requests: vec![] });
+        for options in [vec![Opt::List], vec![go], vec![Opt::StructuredReply, export_name("d")]] {
+            let (result, sent) = negotiate_with(&client(0, &options)).await;
+            match result {
+                Err(HandshakeError::Ended(why)) => assert!(why.contains("fixed newstyle"), "{why}"),
+                other => panic!("{options:?}: {other:?}"),
+            }
+            assert_eq!(sent.len(), GREETING_LEN, "{options:?}: no option reply");
+        }
+        let (result, sent) = negotiate_with(&client(0, &[export_name("nope")])).await;
+        assert!(matches!(result, Err(HandshakeError::Ended(_))), "{result:?}");
+        assert_eq!(sent.len(), GREETING_LEN);
+    }
+
+    #[tokio::test]
+    async fn unknown_client_flags_close_the_connection() {
+        for flags in [1 << 2, NBD_FLAG_C_FIXED_NEWSTYLE | 1 << 31] {
+            let (result, sent) = negotiate_with(&client(flags, &[export_name("d")])).await;
+            assert!(
+                matches!(result, Err(HandshakeError::Protocol(Error::BadClientFlags { flags: f })) if f == flags),
+                "{flags:#x}: {result:?}"
+            );
+            assert_eq!(sent.len(), GREETING_LEN, "{flags:#x}: nothing after the greeting");
+        }
+    }
+
+    /// EXPORT_NAME has no error reply: a malformed name (here with a NUL) is a hang-up,
+    /// never an option reply the client would read as the export's size.
+    #[tokio::test]
+    async fn malformed_export_name_is_a_hang_up_not_an_option_reply() {
+        let flags = NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES;
+        let (result, sent) = negotiate_with(&client(flags, &[export_name("d\0")])).await;
+        match result {
+            Err(HandshakeError::Ended(why)) => assert!(why.contains("malformed"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(sent.len(), GREETING_LEN);
+    }
+
+    #[tokio::test]
+    async fn fixed_newstyle_client_haggles_then_goes() {
+        let flags = NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES;
+        let go = Opt::Go(ExportOpt { name: "d".into(), info_requests: vec![] });
+        let (result, sent) =
+            negotiate_with(&client(flags, &[Opt::List, Opt::StructuredReply, go])).await;
+        let session = result.unwrap().expect("a session");
+        assert!(session.structured);
+        let mut replies = BytesMut::from(&sent[GREETING_LEN..]);
+        let mut last = None;
+        while let Some(raw) = decode_option_reply(&mut replies).unwrap() {
+            last = Some(OptionReply::parse(&raw).unwrap());
+        }
+        assert!(replies.is_empty());
+        assert_eq!(last, Some(OptionReply::Ack));
+    }
 }

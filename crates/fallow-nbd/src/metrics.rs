@@ -1,9 +1,11 @@
 //! Prometheus metrics of the NBD server: requests and latency by command, connections, and
-//! each export's cache (hits per tier, backing-store reads and their time, pool errors,
-//! dirty data), read from the cache counters at scrape time.
+//! each export's cache (size, hits per tier, backing-store reads and their time, local tier
+//! and pool use, pool errors, dirty data), read from the cache counters at scrape time; and
+//! the memory of a pool held in this process, when the caller has said how to read it
+//! ([`NbdMetrics::watch_pool_memory`]). `fallow stat --nbd` reads these names.
 
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -37,6 +39,33 @@ struct ExportLabel {
     export: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolLabel {
+    pool: &'static str,
+}
+
+/// The memory of a pool held in this process (an engine), as the metrics report it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolMemory {
+    /// Bytes held for pages (page frames and compressed copies).
+    pub used_bytes: u64,
+    /// Bytes the pool may hold: its budget, the memory this host lends it.
+    pub lent_bytes: u64,
+}
+
+/// Reads a [`PoolMemory`] at scrape time.
+type PoolMemorySource = Box<dyn Fn() -> PoolMemory + Send + Sync>;
+
+/// Set at most once, by [`NbdMetrics::watch_pool_memory`].
+#[derive(Default)]
+struct PoolWatch(OnceLock<PoolMemorySource>);
+
+impl std::fmt::Debug for PoolWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() { "PoolWatch(set)" } else { "PoolWatch(unset)" })
+    }
+}
+
 type HistogramFamily = Family<CmdLabel, Histogram, fn() -> Histogram>;
 
 /// The NBD server's metrics.
@@ -60,6 +89,14 @@ pub struct NbdMetrics {
     pool_trusted: Family<ExportLabel, Gauge>,
     dirty_bytes: Family<ExportLabel, Gauge>,
     written_back: Family<ExportLabel, Gauge>,
+    export_size: Family<ExportLabel, Gauge>,
+    local_tier_pages: Family<ExportLabel, Gauge>,
+    pool_puts: Family<ExportLabel, Gauge>,
+    /// Only a pool in this process has its memory reported; these stay without samples
+    /// until [`NbdMetrics::watch_pool_memory`] is called.
+    pool_used_bytes: Family<PoolLabel, Gauge>,
+    pool_lent_bytes: Family<PoolLabel, Gauge>,
+    pool_watch: PoolWatch,
 }
 
 impl Default for NbdMetrics {
@@ -137,6 +174,32 @@ impl NbdMetrics {
             "Dirty pages written to the backing store",
             written_back.clone(),
         );
+        let export_size = Family::<ExportLabel, Gauge>::default();
+        registry.register("export_size_bytes", "Size of the export", export_size.clone());
+        let local_tier_pages = Family::<ExportLabel, Gauge>::default();
+        registry.register(
+            "local_tier_pages",
+            "Pages held in the export's local tier (this process)",
+            local_tier_pages.clone(),
+        );
+        let pool_puts = Family::<ExportLabel, Gauge>::default();
+        registry.register(
+            "pool_put_pages",
+            "Pages put into the pool (populates and demotions)",
+            pool_puts.clone(),
+        );
+        let pool_used_bytes = Family::<PoolLabel, Gauge>::default();
+        registry.register(
+            "pool_used_bytes",
+            "Memory held for pages by the pool in this process (fallow up, --pool local:SIZE)",
+            pool_used_bytes.clone(),
+        );
+        let pool_lent_bytes = Family::<PoolLabel, Gauge>::default();
+        registry.register(
+            "pool_lent_bytes",
+            "Memory lent to the pool in this process: its budget",
+            pool_lent_bytes.clone(),
+        );
         Self {
             registry,
             requests,
@@ -151,7 +214,21 @@ impl NbdMetrics {
             pool_trusted,
             dirty_bytes,
             written_back,
+            export_size,
+            local_tier_pages,
+            pool_puts,
+            pool_used_bytes,
+            pool_lent_bytes,
+            pool_watch: PoolWatch::default(),
         }
+    }
+
+    /// Reports the memory of the pool in this process, read by `source` at every scrape
+    /// (as `fallow_nbd_pool_used_bytes` and `fallow_nbd_pool_lent_bytes`). The first call
+    /// sets it; later ones are ignored. A pool on other hosts is not reported here: its
+    /// nodes have their own metrics and `fallow stat --node`.
+    pub fn watch_pool_memory(&self, source: impl Fn() -> PoolMemory + Send + Sync + 'static) {
+        let _ = self.pool_watch.0.set(Box::new(source));
     }
 
     /// Counts one answered request.
@@ -191,9 +268,43 @@ impl NbdMetrics {
             set(&self.pool_trusted.get_or_create(&label), export.cache.pool_trusted() as u64);
             set(&self.dirty_bytes.get_or_create(&label), export.cache.dirty_bytes());
             set(&self.written_back.get_or_create(&label), s.written_back.load(Relaxed));
+            set(&self.export_size.get_or_create(&label), export.size());
+            set(&self.local_tier_pages.get_or_create(&label), export.cache.local_pages() as u64);
+            set(&self.pool_puts.get_or_create(&label), s.pool_puts.load(Relaxed));
+        }
+        if let Some(source) = self.pool_watch.0.get() {
+            let memory = source();
+            let label = PoolLabel { pool: "in-process" };
+            set(&self.pool_used_bytes.get_or_create(&label), memory.used_bytes);
+            set(&self.pool_lent_bytes.get_or_create(&label), memory.lent_bytes);
         }
         let mut text = String::new();
         encode(&mut text, &self.registry).expect("encoding into a String");
         text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::{CacheConfig, CacheLayer};
+    use fallow_backing::MemStore;
+
+    #[test]
+    fn export_size_always_pool_memory_only_once_watched() {
+        let cache = CacheLayer::new(Arc::new(MemStore::new(1 << 20)), None, CacheConfig::default());
+        let export =
+            Export { name: "e".into(), description: String::new(), cache, read_only: false };
+        let exports = [Arc::new(export)];
+        let metrics = NbdMetrics::new();
+        let text = metrics.render(&exports);
+        assert!(text.contains("fallow_nbd_export_size_bytes{export=\"e\"} 1048576\n"), "{text}");
+        assert!(text.contains("fallow_nbd_local_tier_pages{export=\"e\"} 0\n"), "{text}");
+        assert!(!text.contains("fallow_nbd_pool_used_bytes{"), "{text}");
+        metrics.watch_pool_memory(|| PoolMemory { used_bytes: 3, lent_bytes: 5 });
+        metrics.watch_pool_memory(PoolMemory::default); // ignored: the first one stays
+        let text = metrics.render(&exports);
+        assert!(text.contains("fallow_nbd_pool_used_bytes{pool=\"in-process\"} 3\n"), "{text}");
+        assert!(text.contains("fallow_nbd_pool_lent_bytes{pool=\"in-process\"} 5\n"), "{text}");
     }
 }

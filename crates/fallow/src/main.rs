@@ -1,6 +1,6 @@
 //! The `fallow` command: one binary for every role: `node` (lend memory), `stat` (a
-//! node's state), `bench` (load against a node or memcached) and `trace` (judge the pool's
-//! eviction policies on real block-I/O traces).
+//! node's or an NBD server's state), `bench` (load against a node or memcached) and
+//! `trace` (judge the pool's eviction policies on real block-I/O traces).
 
 use clap::{Parser, Subcommand};
 
@@ -26,7 +26,15 @@ enum Command {
     Nbd(cmd::nbd::NbdArgs),
     /// Lend this host's idle memory to fallow clients (the node daemon).
     Node(cmd::node::NodeArgs),
-    /// Print a node's state: memory, pages, savings, hit ratio, clients, pressure.
+    /// Print a node's or an NBD server's state: memory, hit ratio, traffic, pressure.
+    ///
+    /// A node (`--node`, the default; needs `--secret-file`): lent and used memory, pages,
+    /// dedup and compression savings, hit ratio, pools, clients and host memory pressure.
+    ///
+    /// An NBD server (`--nbd ADDR`, the address given to `fallow nbd --metrics` or `fallow
+    /// up --metrics`): requests by command, and per export its size, hits per tier (local,
+    /// pool) and misses, hit ratio, backing-store reads and latency, local tier and pool
+    /// use, and dirty data; read from http://ADDR/metrics.
     Stat(cmd::stat::StatArgs),
     /// Replay real block-I/O traces through the page pool engine.
     #[command(subcommand)]

@@ -1,34 +1,54 @@
-//! `fallow stat`: a node's state, as a table or JSON.
+//! `fallow stat`: a node's state (over the node protocol) or an NBD server's (from its
+//! Prometheus endpoint, in `stat/nbd.rs`), as a table or JSON.
+
+mod nbd;
+mod prometheus;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use clap::Args;
 use fallow_client::{Client, ClientConfig, NodeStats};
 
-/// Print a node's state: lent and used memory, pages, dedup and compression savings, hit
-/// ratio, pools, clients and host memory pressure.
+/// The arguments of `fallow stat`. Its help text is the doc of `Command::Stat` in
+/// `main.rs`: clap shows a subcommand's doc, not this one.
 #[derive(Debug, Args)]
 pub struct StatArgs {
     /// The node: HOST:PORT, fallow://HOST:PORT or unix:PATH.
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7400")]
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7400", conflicts_with = "nbd")]
     node: String,
-    /// File holding the shared cluster secret.
-    #[arg(long, value_name = "FILE")]
-    secret_file: PathBuf,
+    /// File holding the shared cluster secret (for a node).
+    #[arg(long, value_name = "FILE", conflicts_with = "nbd")]
+    secret_file: Option<PathBuf>,
+    /// An NBD server instead: its metrics address, HOST:PORT or http://HOST:PORT[/PATH].
+    #[arg(long, value_name = "ADDR")]
+    nbd: Option<String>,
     /// Print one JSON object (every counter by name) instead of a table.
     #[arg(long)]
     json: bool,
-    /// Seconds to wait for the node.
+    /// Seconds to wait for the node or the NBD server.
     #[arg(long, value_name = "SECS", default_value_t = 5)]
     timeout: u64,
 }
 
-/// Prints the state of one node.
+/// Prints the state of one node or NBD server.
 pub fn run(args: StatArgs) -> anyhow::Result<()> {
-    let secret = fallow_node::config::read_secret(&args.secret_file).map_err(anyhow::Error::msg)?;
     let timeout = Duration::from_secs(args.timeout.max(1));
+    if let Some(addr) = &args.nbd {
+        return nbd::run(addr, args.json, timeout);
+    }
+    if args.node.starts_with("http://") || args.node.starts_with("https://") {
+        bail!(
+            "--node {0}: that is a metrics URL; --node takes the node's protocol address \
+             (HOST:PORT), and an NBD server's metrics are read with --nbd {0}",
+            args.node
+        );
+    }
+    let Some(secret_file) = &args.secret_file else {
+        bail!("--secret-file FILE is needed for a node (--nbd ADDR reads an NBD server)");
+    };
+    let secret = fallow_node::config::read_secret(secret_file).map_err(anyhow::Error::msg)?;
     let config = ClientConfig::new(&args.node, secret)?
         .name("fallow-stat")
         .timeout(timeout)

@@ -12,6 +12,7 @@ use clap::Args;
 use fallow_backing::{BackingStore, FileStore};
 use fallow_core::{AsyncPageStore, ListenAddr, PoolSpec};
 use fallow_nbd::cache::{CacheConfig, CacheLayer, Mode, PoolTier};
+use fallow_nbd::metrics::PoolMemory;
 use fallow_nbd::{Export, NbdServer};
 use fallow_node::lending::{parse_size, Governor, LendMode};
 use fallow_pool::{Engine, EngineBuilder};
@@ -44,7 +45,8 @@ pub struct UpArgs {
     /// No status line.
     #[arg(long)]
     quiet: bool,
-    /// Serve Prometheus metrics at http://ADDR/metrics.
+    /// Serve Prometheus metrics at http://ADDR/metrics; `fallow stat --nbd ADDR` shows them
+    /// as a table.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<std::net::SocketAddr>,
 }
@@ -114,6 +116,20 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
             read_only: false,
         });
         let server = NbdServer::start(std::slice::from_ref(&args.listen), vec![export], args.metrics).await?;
+        let pool_engine = engine.clone();
+        server.metrics().watch_pool_memory(move || {
+            let memory = pool_engine.memory();
+            PoolMemory {
+                used_bytes: memory.held_bytes() as u64,
+                lent_bytes: memory.budget_bytes as u64,
+            }
+        });
+        let watch = match server.metrics_addr() {
+            Some(addr) => format!("\n  watch it:\n    fallow stat --nbd {addr}\n"),
+            None => "\n  watch it: start with --metrics 127.0.0.1:9100, then\n    \
+                     fallow stat --nbd 127.0.0.1:9100\n"
+                .to_string(),
+        };
         let uri = match &server.local_addrs()[0] {
             ListenAddr::Tcp(addr) => format!("nbd://{addr}/disk"),
             ListenAddr::Unix(path) => format!("nbd+unix:///disk?socket={}", path.display()),
@@ -122,7 +138,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
             "fallow up: serving {} ({} bytes) at {uri}\n\
              \n  use it:\n    qemu-system-x86_64 -drive file={uri},format=raw,if=virtio ...\n    \
              qemu-img info {uri}\n    nbdfuse /mnt/fallow-disk {uri} &   (then losetup/mount the file it shows)\n    \
-             nbd-client -N disk {} /dev/nbd0        (where the kernel has NBD)\n\n  stop with Ctrl-C.\n",
+             nbd-client -N disk {} /dev/nbd0        (where the kernel has NBD)\n{watch}\n  stop with Ctrl-C.\n",
             image.display(),
             cache.size(),
             match &server.local_addrs()[0] {
