@@ -20,21 +20,9 @@ enum Command {
     /// Benchmarks against a running server: `bench pages` (fallow node or memcached).
     #[command(subcommand)]
     Bench(cmd::bench::BenchCommand),
-    /// Everything on one host: lend idle memory and export a disk image through it.
     Up(cmd::up::UpArgs),
-    /// Export block devices over NBD, with reads served from the page pool.
     Nbd(cmd::nbd::NbdArgs),
-    /// Lend this host's idle memory to fallow clients (the node daemon).
     Node(cmd::node::NodeArgs),
-    /// Print a node's or an NBD server's state: memory, hit ratio, traffic, pressure.
-    ///
-    /// A node (`--node`, the default; needs `--secret-file`): lent and used memory, pages,
-    /// dedup and compression savings, hit ratio, pools, clients and host memory pressure.
-    ///
-    /// An NBD server (`--nbd ADDR`, the address given to `fallow nbd --metrics` or `fallow
-    /// up --metrics`): requests by command, and per export its size, hits per tier (local,
-    /// pool) and misses, hit ratio, backing-store reads and latency, local tier and pool
-    /// use, and dirty data; read from http://ADDR/metrics.
     Stat(cmd::stat::StatArgs),
     /// Replay real block-I/O traces through the page pool engine.
     #[command(subcommand)]

@@ -1,4 +1,5 @@
-//! The `fallow trace` command, run as a user would: real files, real process, exit codes.
+//! The `fallow` command run as a user would: real files, real process, exit codes (`trace`,
+//! and the `--help` of every daemon).
 
 mod support;
 
@@ -87,4 +88,25 @@ fn unknown_policies_and_zero_caches_are_refused() {
     assert!(String::from_utf8_lossy(&policy.stderr).contains("mru"));
     assert!(!zero.status.success());
     assert!(String::from_utf8_lossy(&zero.stderr).contains("at least 1"));
+}
+
+/// `--help` of each subcommand shows its long explanation (the doc of its argument struct),
+/// not only the one-line summary: a doc comment on the subcommand's enum variant would
+/// silently replace it.
+#[test]
+fn help_explains_each_daemon_beyond_its_summary() {
+    for (command, explanation) in [
+        ("nbd", "Each `--export NAME=BACKING` is one export"),
+        ("up", "On first run a sparse image"),
+        ("node", "Serves the pool protocol"),
+        ("stat", "An NBD server (`--nbd ADDR`"),
+    ] {
+        let out = fallow().args([command, "--help"]).output().unwrap();
+        assert!(out.status.success(), "fallow {command} --help failed");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains(explanation),
+            "fallow {command} --help lacks {explanation:?}:\n{text}"
+        );
+    }
 }

@@ -11,8 +11,15 @@ use anyhow::{bail, Context};
 use clap::Args;
 use fallow_client::{Client, ClientConfig, NodeStats};
 
-/// The arguments of `fallow stat`. Its help text is the doc of `Command::Stat` in
-/// `main.rs`: clap shows a subcommand's doc, not this one.
+/// Print a node's or an NBD server's state: memory, hit ratio, traffic, pressure.
+///
+/// A node (`--node`, the default; needs `--secret-file`): lent and used memory, pages,
+/// dedup and compression savings, hit ratio, pools, clients and host memory pressure.
+///
+/// An NBD server (`--nbd ADDR`, the address given to `fallow nbd --metrics` or `fallow
+/// up --metrics`): requests by command, and per export its size, hits per tier (local,
+/// pool) and misses, hit ratio, backing-store reads and latency, local tier and pool
+/// use, and dirty data; read from http://ADDR/metrics.
 #[derive(Debug, Args)]
 pub struct StatArgs {
     /// The node: HOST:PORT, fallow://HOST:PORT or unix:PATH.
