@@ -1,14 +1,22 @@
-//! Page frames: 4 KiB frames carved from 2 MiB anonymous mappings ("segments").
+//! Page frames: 4 KiB frames carved from 2 MiB segments, laid out in anonymous mappings of
+//! eight adjacent segments ("extents").
 //!
-//! Memory goes back to the host a whole segment at a time: the mapping is handed to the
-//! caller, who drops it (`munmap`) after releasing the store lock, so the kernel's work of
-//! freeing the pages never blocks a reader. Each segment sits 2 MiB-aligned inside its
-//! mapping and is advised `MADV_HUGEPAGE`, so where transparent huge pages are enabled it
-//! costs one huge page to fault in and to free. Nothing here allocates per page.
+//! Memory goes back to the host a whole segment at a time. The kernel charges mostly per
+//! call for that (a TLB shootdown on every CPU running the process: ~30 µs a call with a
+//! sibling thread running, see BENCHMARKS.md, "What unmapping costs"), so segments are
+//! laid out eight to an extent and released in runs: a run that empties its extent unmaps
+//! it whole (one `munmap` for 16 MiB, after the store lock is released, so readers never
+//! wait for it); a run inside an extent that stays is discarded with one
+//! `madvise(MADV_DONTNEED)` (under the lock: the frames must not be handed out again
+//! before their memory is gone). Each segment sits 2 MiB-aligned and the extent is advised
+//! `MADV_HUGEPAGE`, so where transparent huge pages are enabled a segment costs one huge
+//! page to fault in and to free. Nothing here allocates per page.
 //!
 //! ```text
 //!  FrameId (u32) = segment number << 9 | frame number inside the segment (0..512)
+//!  segment n lives in extent n / 8, at 2 MiB × (n % 8)
 //!  segments: [ Mapped | Draining(stale) | Free | Mapped | .. ]
+//!  extents:  [ Some(16 MiB mapping) | None (unmapped) | .. ]
 //! ```
 //!
 //! A released segment is `Draining` while contents that lived in it are still referenced
@@ -67,39 +75,58 @@ impl FrameId {
     }
 }
 
-/// A mapping that holds one 2 MiB-aligned segment.
-pub struct Mapping {
+/// Segments per extent (one mapping).
+pub const EXTENT_SEGMENTS: usize = 8;
+const EXTENT_BYTES: usize = EXTENT_SEGMENTS * SEGMENT_BYTES;
+
+/// One anonymous mapping holding [`EXTENT_SEGMENTS`] adjacent 2 MiB-aligned segments.
+/// Dropping it unmaps them all.
+pub struct Extent {
     map: MmapMut,
-    /// Offset of the aligned segment inside `map`.
+    /// Offset of the aligned window inside `map`.
     start: usize,
 }
 
-impl Mapping {
+impl Extent {
     fn new() -> std::io::Result<Self> {
-        // Twice the size, so that a 2 MiB-aligned window always fits: only the window is
-        // ever touched, so the rest costs address space, not memory.
-        let map = MmapMut::map_anon(2 * SEGMENT_BYTES)?;
+        // One segment more than the window, so that a 2 MiB-aligned window always fits:
+        // only the window is ever touched, so the rest costs address space, not memory.
+        let map = MmapMut::map_anon(EXTENT_BYTES + SEGMENT_BYTES)?;
         let addr = map.as_ptr() as usize;
         let start = addr.next_multiple_of(SEGMENT_BYTES) - addr;
-        // Best effort: without transparent huge pages the segment works the same, only
+        // Best effort: without transparent huge pages the segments work the same, only
         // slower to fault in and to free.
-        let _ = map.advise_range(memmap2::Advice::HugePage, start, SEGMENT_BYTES);
+        let _ = map.advise_range(memmap2::Advice::HugePage, start, EXTENT_BYTES);
         Ok(Self { map, start })
     }
 
-    fn frame(&self, slot: usize) -> &[u8] {
-        &self.map[self.start + slot * PAGE_SIZE..][..PAGE_SIZE]
+    fn offset(&self, segment: usize, slot: usize) -> usize {
+        self.start + (segment % EXTENT_SEGMENTS) * SEGMENT_BYTES + slot * PAGE_SIZE
     }
 
-    fn frame_mut(&mut self, slot: usize) -> &mut [u8] {
-        &mut self.map[self.start + slot * PAGE_SIZE..][..PAGE_SIZE]
+    /// Gives the memory of `count` adjacent segments, from `first`, back to the OS; the
+    /// mapping stays, and reads as zeros if used again.
+    fn discard(&mut self, first: usize, count: usize) {
+        let offset = self.offset(first, 0);
+        let len = count * SEGMENT_BYTES;
+        // SAFETY: `&mut self` proves that no slice into the mapping is alive, and the
+        // range lies inside the window (the caller passes segments of this extent). The
+        // only effect of MADV_DONTNEED on a private anonymous mapping is that the range
+        // reads as zeros afterwards; its frames are released and hold nothing anyone reads.
+        let result = unsafe {
+            self.map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len)
+        };
+        if let Err(err) = result {
+            // The memory stays resident until the extent is unmapped; nothing is lost.
+            tracing::warn!(%err, first, count, "could not discard released segments");
+        }
     }
 }
 
 /// The state of one segment number.
 enum Segment {
-    /// Mapped, with this many frames in use.
-    Mapped { mapping: Mapping, used: usize },
+    /// Mapped (its extent is), with this many frames in use.
+    Mapped { used: usize },
     /// Returned to the OS; this many contents still name frames in it.
     Draining { stale: usize },
     /// Unused: the number may be given to a new mapping.
@@ -118,6 +145,8 @@ pub enum ArenaFull {
 /// The frames of one engine.
 pub struct Arena {
     segments: Vec<Segment>,
+    /// Extent `e` holds segments `8e..8e+8`; `None` when none of them is mapped.
+    extents: Vec<Option<Extent>>,
     /// Frames of mapped segments that hold no page.
     free: Vec<FrameId>,
     /// The most frames that may be in use at once (the lent budget, in frames).
@@ -129,7 +158,14 @@ pub struct Arena {
 impl Arena {
     /// An arena that may use up to `limit` frames; nothing is mapped until first use.
     pub fn new(limit: usize) -> Self {
-        Self { segments: Vec::new(), free: Vec::new(), limit, used: 0, mapped: 0 }
+        Self {
+            segments: Vec::new(),
+            extents: Vec::new(),
+            free: Vec::new(),
+            limit,
+            used: 0,
+            mapped: 0,
+        }
     }
 
     /// Frames in use.
@@ -221,11 +257,15 @@ impl Arena {
     }
 
     fn map_segment(&mut self) -> Result<(), ArenaFull> {
-        let mapping = Mapping::new().map_err(|err| {
-            tracing::warn!(%err, "could not map a 2 MiB segment");
-            ArenaFull::MapFailed
-        })?;
-        let number = match self.segments.iter().position(|s| matches!(s, Segment::Free)) {
+        let is_free = |s: &Segment| matches!(s, Segment::Free);
+        // A free number in an extent that is still mapped needs no system call; then any
+        // free number; then a new one.
+        let in_mapped_extent = self
+            .segments
+            .iter()
+            .enumerate()
+            .position(|(n, s)| is_free(s) && self.extents[n / EXTENT_SEGMENTS].is_some());
+        let number = match in_mapped_extent.or_else(|| self.segments.iter().position(is_free)) {
             Some(n) => n,
             // Frame ids are 32 bits: no segment number past this one can be named.
             None if self.segments.len() >= MAX_SEGMENTS => {
@@ -234,34 +274,51 @@ impl Arena {
             }
             None => {
                 self.segments.push(Segment::Free);
-                self.segments.len() - 1
+                let n = self.segments.len() - 1;
+                if n / EXTENT_SEGMENTS == self.extents.len() {
+                    self.extents.push(None);
+                }
+                n
             }
         };
-        self.segments[number] = Segment::Mapped { mapping, used: 0 };
+        let extent = &mut self.extents[number / EXTENT_SEGMENTS];
+        if extent.is_none() {
+            *extent = Some(Extent::new().map_err(|err| {
+                tracing::warn!(%err, "could not map a 16 MiB extent");
+                ArenaFull::MapFailed
+            })?);
+        }
+        self.segments[number] = Segment::Mapped { used: 0 };
         self.mapped += 1;
         // Reverse order so that frames are handed out from the start of the segment.
         self.free.extend((0..FRAMES_PER_SEGMENT).rev().map(|slot| FrameId::new(number, slot)));
         Ok(())
     }
 
-    fn mapping(&self, frame: FrameId) -> &Mapping {
-        match &self.segments[frame.segment()] {
-            Segment::Mapped { mapping, .. } => mapping,
+    fn extent(&self, frame: FrameId) -> &Extent {
+        match (&self.segments[frame.segment()], &self.extents[frame.segment() / EXTENT_SEGMENTS]) {
+            (Segment::Mapped { .. }, Some(extent)) => extent,
             _ => panic!("frame {frame:?} is not in a mapped segment"),
         }
     }
 
     /// The bytes of an allocated frame in a mapped segment.
     pub fn bytes(&self, frame: FrameId) -> &[u8] {
-        self.mapping(frame).frame(frame.slot())
+        let extent = self.extent(frame);
+        &extent.map[extent.offset(frame.segment(), frame.slot())..][..PAGE_SIZE]
     }
 
     /// The bytes of an allocated frame in a mapped segment, for writing.
     pub fn bytes_mut(&mut self, frame: FrameId) -> &mut [u8] {
-        match &mut self.segments[frame.segment()] {
-            Segment::Mapped { mapping, .. } => mapping.frame_mut(frame.slot()),
+        let extent = match (
+            &self.segments[frame.segment()],
+            &mut self.extents[frame.segment() / EXTENT_SEGMENTS],
+        ) {
+            (Segment::Mapped { .. }, Some(extent)) => extent,
             _ => panic!("frame {frame:?} is not in a mapped segment"),
-        }
+        };
+        let offset = extent.offset(frame.segment(), frame.slot());
+        &mut extent.map[offset..][..PAGE_SIZE]
     }
 
     /// Copies frame `from` into frame `to` (both allocated), for compaction.
@@ -288,24 +345,43 @@ impl Arena {
         (0..FRAMES_PER_SEGMENT).map(move |slot| FrameId::new(number, slot))
     }
 
-    /// Releases mapped segment `number` whose `stale` in-use frames are abandoned (their
-    /// contents read as dead from now on, and each lets go when freed). Returns the mapping
-    /// for the caller to drop once it holds no lock.
-    pub fn release_segment(&mut self, number: usize, stale: usize) -> Option<Mapping> {
-        let state = if stale == 0 { Segment::Free } else { Segment::Draining { stale } };
-        match std::mem::replace(&mut self.segments[number], state) {
-            Segment::Mapped { mapping, used } => {
-                debug_assert_eq!(used, stale, "segment {number}: {used} used, {stale} stale");
-                self.used -= used;
-                self.mapped -= 1;
-                self.free.retain(|f| f.segment() != number);
-                Some(mapping)
-            }
-            other => {
-                self.segments[number] = other;
-                None
+    /// Releases mapped segments, each `(number, stale)` with its `stale` in-use frames
+    /// abandoned (their contents read as dead from now on, and each lets go when freed).
+    /// Returns how many were released, and the extents they emptied, for the caller to
+    /// drop (unmap) once it holds no lock. The memory of a released segment whose extent
+    /// stays mapped is discarded here, one call per run of adjacent segments.
+    pub fn release_segments(&mut self, segments: &[(usize, usize)]) -> (usize, Vec<Extent>) {
+        let mut released: Vec<usize> = Vec::with_capacity(segments.len());
+        for &(number, stale) in segments {
+            let state = if stale == 0 { Segment::Free } else { Segment::Draining { stale } };
+            match std::mem::replace(&mut self.segments[number], state) {
+                Segment::Mapped { used } => {
+                    debug_assert_eq!(used, stale, "segment {number}: {used} used, {stale} stale");
+                    self.used -= used;
+                    self.mapped -= 1;
+                    released.push(number);
+                }
+                other => self.segments[number] = other,
             }
         }
+        released.sort_unstable();
+        self.free.retain(|f| released.binary_search(&f.segment()).is_err());
+        let mut emptied = Vec::new();
+        for run in released.chunk_by(|a, b| a / EXTENT_SEGMENTS == b / EXTENT_SEGMENTS) {
+            let e = run[0] / EXTENT_SEGMENTS;
+            let first = e * EXTENT_SEGMENTS;
+            let still_mapped = (first..(first + EXTENT_SEGMENTS).min(self.segments.len()))
+                .any(|n| matches!(self.segments[n], Segment::Mapped { .. }));
+            if !still_mapped {
+                emptied.extend(self.extents[e].take());
+                continue;
+            }
+            let Some(extent) = self.extents[e].as_mut() else { continue };
+            for adjacent in run.chunk_by(|a, b| a + 1 == *b) {
+                extent.discard(adjacent[0], adjacent.len());
+            }
+        }
+        (released.len(), emptied)
     }
 
     /// Takes a free frame that is not in any of `avoid` (segments about to be released).
@@ -352,6 +428,13 @@ impl Arena {
         for (n, stale) in self.draining() {
             assert!(stale > 0, "segment {n} drains nothing");
         }
+        assert_eq!(self.extents.len(), self.segments.len().div_ceil(EXTENT_SEGMENTS));
+        for (e, extent) in self.extents.iter().enumerate() {
+            let first = e * EXTENT_SEGMENTS;
+            let last = (first + EXTENT_SEGMENTS).min(self.segments.len());
+            let mapped = (first..last).any(|n| matches!(self.segments[n], Segment::Mapped { .. }));
+            assert_eq!(extent.is_some(), mapped, "extent {e}: mapping and segment states disagree");
+        }
     }
 }
 
@@ -371,7 +454,8 @@ mod tests {
         assert!(a.bytes(f[1]).iter().all(|&b| b == 7));
         a.validate();
         f.into_iter().for_each(|x| a.free(x));
-        assert!(a.release_segment(0, 0).is_some());
+        let (released, emptied) = a.release_segments(&[(0, 0)]);
+        assert_eq!((released, emptied.len()), (1, 1), "the only segment empties its extent");
         assert_eq!(a.mapped_bytes(), 0);
         a.validate();
     }
@@ -388,7 +472,7 @@ mod tests {
         let mut a = Arena::new(2 * FRAMES_PER_SEGMENT);
         let f = a.alloc().unwrap();
         let g = a.alloc().unwrap();
-        drop(a.release_segment(f.segment(), 2));
+        drop(a.release_segments(&[(f.segment(), 2)]));
         assert!(!a.is_live(f) && a.used() == 0);
         a.validate();
         // A new segment must not take the draining number.
@@ -397,6 +481,39 @@ mod tests {
         a.free(f);
         a.free(g);
         assert!(a.draining().is_empty());
+        a.validate();
+    }
+
+    #[test]
+    fn segments_share_extents_and_a_partial_release_keeps_the_rest_readable() {
+        let frames = 3 * FRAMES_PER_SEGMENT;
+        let mut a = Arena::new(frames);
+        let all: Vec<_> = (0..frames).map(|_| a.alloc().unwrap()).collect();
+        let segments: Vec<usize> = {
+            let mut s: Vec<_> = all.iter().map(|f| f.segment()).collect();
+            s.dedup();
+            s
+        };
+        assert_eq!(segments, vec![0, 1, 2], "numbers are handed out densely");
+        for (i, &f) in all.iter().enumerate() {
+            a.bytes_mut(f)[..8].copy_from_slice(&(i as u64).to_le_bytes());
+        }
+        // Release the middle segment: its extent stays, so its memory is discarded.
+        for &f in all.iter().filter(|f| f.segment() == 1) {
+            a.free(f);
+        }
+        let (released, emptied) = a.release_segments(&[(1, 0)]);
+        assert_eq!((released, emptied.len()), (1, 0));
+        a.validate();
+        for (i, &f) in all.iter().enumerate().filter(|(_, f)| f.segment() != 1) {
+            assert_eq!(a.bytes(f)[..8], (i as u64).to_le_bytes(), "{f:?} survived");
+        }
+        // The freed number is reused without a new mapping, and reads as zeros.
+        assert!(a.free.is_empty());
+        let g = a.alloc().unwrap();
+        assert_eq!(g.segment(), 1);
+        assert_eq!(a.extents.iter().filter(|e| e.is_some()).count(), 1, "no second mapping");
+        assert!(a.bytes(g).iter().all(|&b| b == 0), "discarded memory reads as zeros");
         a.validate();
     }
 

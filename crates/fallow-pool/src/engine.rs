@@ -31,10 +31,11 @@ use crate::shard::{key_hash, Shard, Slot, Value};
 use crate::stats::{BudgetReport, EngineStats, MemoryUsage, PoolStats};
 use crate::store::{InternOptions, Read, ShrinkReport, Store};
 
-/// Segments released per store-lock hold when shrinking: bounds how long a get can wait
-/// behind a shrink (each segment costs a scan of its 512 owner slots, plus any persistent
-/// pages it moves).
-const SHRINK_STEP_SEGMENTS: usize = 4;
+/// Segments released per store-lock hold when shrinking: one extent, so that a step
+/// usually empties one mapping (one `munmap`, after the lock). Bounds how long a get can
+/// wait behind a shrink: each segment costs a scan of its 512 owner slots, plus any
+/// persistent pages it moves.
+const SHRINK_STEP_SEGMENTS: usize = crate::arena::EXTENT_SEGMENTS;
 
 /// The in-process page pool. Cheap to share: clone the `Arc` it lives in.
 pub struct Engine {
@@ -154,12 +155,12 @@ impl Engine {
         };
         loop {
             let held = Instant::now();
-            let (mappings, more) =
+            let (extents, more) =
                 self.inner.store.write().shrink_step(&mut plan, SHRINK_STEP_SEGMENTS, &mut shrink);
             longest_hold = longest_hold.max(held.elapsed());
             // Unmapped here, with no lock held: freeing the pages is the kernel's slowest
             // part of giving memory back, and no reader has to wait for it.
-            drop(mappings);
+            drop(extents);
             if !more {
                 break;
             }

@@ -5,13 +5,15 @@
 //! there if room is short), and releases the segments whole. Their ephemeral pages are not
 //! visited one by one: their contents keep naming frames of a segment that is no longer
 //! mapped, read as dead, and let go of it as the index drops them. So a step costs a scan
-//! of the chosen segments' owner slots plus the pinned pages it moves, and the mappings
-//! are handed back to be unmapped after the store lock is released.
+//! of the chosen segments' owner slots plus the pinned pages it moves. Segments are chosen
+//! a whole extent (8 adjacent segments, one mapping) at a time where possible, because the
+//! kernel charges per call: an emptied extent is handed back to be unmapped in one call
+//! after the store lock is released.
 
 use fallow_core::PAGE_SIZE;
 
 use super::{ContentId, PackedPlace, Place, Store, NO_OWNER, PINNED};
-use crate::arena::{Arena, Mapping, FRAMES_PER_SEGMENT};
+use crate::arena::{Arena, Extent, EXTENT_SEGMENTS, FRAMES_PER_SEGMENT};
 
 /// What a shrink did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -35,28 +37,37 @@ impl Store {
     }
 
     /// The order in which a shrink releases segments, cheapest last (so that `pop` gives
-    /// the next one): fewest persistent pages to move, then fewest pages lost. Computed
+    /// the next one). Whole extents go first, the cheapest extent first (fewest persistent
+    /// pages to move, then fewest pages lost), its segments in a row, so that each extent
+    /// emptied is one `munmap`; within an extent, the cheapest segment first. Computed
     /// once per budget change; a step skips entries that are no longer mapped.
     pub fn shrink_plan(&self) -> Vec<usize> {
-        let mut candidates: Vec<(u32, usize, usize)> = self
-            .arena
-            .segments_by_use()
-            .into_iter()
-            .map(|(seg, used)| (self.pinned[seg], used, seg))
-            .collect();
-        candidates.sort_unstable_by(|a, b| b.cmp(a));
-        candidates.into_iter().map(|c| c.2).collect()
+        let segments = self.arena.segments_by_use();
+        let mut extent_cost = std::collections::HashMap::<usize, (u64, usize)>::new();
+        for &(seg, used) in &segments {
+            let cost = extent_cost.entry(seg / EXTENT_SEGMENTS).or_default();
+            cost.0 += u64::from(self.pinned[seg]);
+            cost.1 += used;
+        }
+        // Sort keys, most expensive first: (extent cost, extent, segment cost, segment).
+        let key = |&(seg, used): &(usize, usize)| {
+            let extent = seg / EXTENT_SEGMENTS;
+            (extent_cost[&extent], extent, (self.pinned[seg], used), seg)
+        };
+        let mut candidates = segments;
+        candidates.sort_unstable_by_key(|c| std::cmp::Reverse(key(c)));
+        candidates.into_iter().map(|(seg, _)| seg).collect()
     }
 
     /// One bounded step toward the budget: releases at most `max_segments` segments, taken
-    /// from the end of `plan`. Returns their mappings, for the caller to drop once the store
-    /// lock is released, and whether another step is needed.
+    /// from the end of `plan`. Returns the extents it emptied, for the caller to drop
+    /// (unmap) once the store lock is released, and whether another step is needed.
     pub fn shrink_step(
         &mut self,
         plan: &mut Vec<usize>,
         max_segments: usize,
         report: &mut ShrinkReport,
-    ) -> (Vec<Mapping>, bool) {
+    ) -> (Vec<Extent>, bool) {
         self.drop_compressed_over_budget(max_segments * FRAMES_PER_SEGMENT, report);
         let limit = self.arena.limit();
         let keep = limit.div_ceil(FRAMES_PER_SEGMENT);
@@ -69,26 +80,25 @@ impl Store {
                 None => break,
             }
         }
-        let mut mappings = Vec::new();
+        let mut released = Vec::with_capacity(release.len());
         for &seg in &release {
             // Most segments hold no persistent page: then nothing in them is visited.
             if self.pinned[seg] == 0 || self.evacuate_pinned(seg, &release, report) {
                 let stale = self.stale_frames(seg);
                 report.contents_dropped += stale;
                 self.dropped += stale as u64;
-                if let Some(m) = self.arena.release_segment(seg, stale) {
-                    mappings.push(m);
-                    report.segments_released += 1;
-                }
+                released.push((seg, stale));
             }
         }
-        if surplus > release.len() && !mappings.is_empty() && !plan.is_empty() {
-            return (mappings, true);
+        let (count, extents) = self.arena.release_segments(&released);
+        report.segments_released += count;
+        if surplus > release.len() && count > 0 && !plan.is_empty() {
+            return (extents, true);
         }
         // Fewer segments may still leave more frames in use than the limit allows.
         self.drop_unpinned_until(limit, report);
         report.pinned_over_budget = self.arena.used().saturating_sub(limit);
-        (mappings, false)
+        (extents, false)
     }
 
     /// Drops compressed pages that no persistent entry pins (the coldest pages there are)
