@@ -17,11 +17,14 @@
 //!
 //! # Components
 //! [`FileStore`]: a local file or block device. [`MemStore`]: a RAM disk.
-//! [`NbdStore`]: an upstream NBD server.
+//! [`NbdStore`]: an upstream NBD server. `RadosStore` (cargo feature `rados`): an image
+//! striped over 4 MiB Ceph RADOS objects.
 
 mod file;
 mod mem;
 mod nbd;
+#[cfg(feature = "rados")]
+pub mod rados;
 
 use std::fmt;
 use std::io;
@@ -32,6 +35,8 @@ use bytes::Bytes;
 pub use file::FileStore;
 pub use mem::MemStore;
 pub use nbd::{NbdStore, NbdUri};
+#[cfg(feature = "rados")]
+pub use rados::{RadosConfig, RadosError, RadosStore};
 
 /// What a store can do; fixed when it is opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -75,7 +80,9 @@ pub trait BackingStore: Send + Sync + fmt::Debug {
     /// What the store can do.
     fn capabilities(&self) -> Capabilities;
 
-    /// The I/O size the store prefers (a file: 4 KiB; an object store: its object size).
+    /// The I/O size the store prefers: smaller requests cost it a read-modify-write (a
+    /// file: 4 KiB; an object store that writes byte ranges in place, as RADOS does: 4 KiB
+    /// too, not its object size).
     fn preferred_block_size(&self) -> u32 {
         4096
     }

@@ -1,14 +1,15 @@
 //! One conformance suite for every backing store: random reads, writes, trims and zeroing
-//! against a byte-vector model, plus the edges (out-of-range, read-only, block status of a
-//! sparse image, creating and reopening images).
+//! against a byte-vector model (`support/mod.rs`, shared with `rados.rs`), plus the edges
+//! (out-of-range, read-only, block status of a sparse image, creating and reopening images).
+
+mod support;
 
 use std::path::PathBuf;
 
 use bytes::Bytes;
 use fallow_backing::{BackingStore, FileStore, MemStore};
 use proptest::prelude::*;
-
-const SIZE: u64 = 64 * 1024;
+use support::{check, op, Geometry, SIZE};
 
 fn temp(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("fallow-backing-{}-{name}-{}", std::process::id(), rand_id()))
@@ -19,87 +20,18 @@ fn rand_id() -> u64 {
     RandomState::new().hash_one(std::time::Instant::now())
 }
 
-#[derive(Debug, Clone)]
-enum Op {
-    Write { offset: u64, len: u32, fill: u8, fua: bool },
-    Read { offset: u64, len: u32 },
-    Trim { offset: u64, len: u32 },
-    Zero { offset: u64, len: u32, may_trim: bool },
-    Flush,
-}
-
-fn range() -> impl Strategy<Value = (u64, u32)> {
-    (0..SIZE, 1u32..20_000)
-        .prop_map(|(offset, len)| (offset, len.min((SIZE - offset) as u32).max(1)))
-        .prop_filter("within the store", |(o, l)| o + *l as u64 <= SIZE)
-}
-
-fn op() -> impl Strategy<Value = Op> {
-    prop_oneof![
-        4 => (range(), any::<u8>(), any::<bool>()).prop_map(|((offset, len), fill, fua)| Op::Write { offset, len, fill, fua }),
-        4 => range().prop_map(|(offset, len)| Op::Read { offset, len }),
-        1 => range().prop_map(|(offset, len)| Op::Trim { offset, len }),
-        1 => (range(), any::<bool>()).prop_map(|((offset, len), may_trim)| Op::Zero { offset, len, may_trim }),
-        1 => Just(Op::Flush),
-    ]
-}
-
-/// Runs `ops` against `store` and a model; trims are checked as reading zeros when the
-/// store says so, and otherwise as reading zeros or the old bytes.
-async fn check(store: &dyn BackingStore, ops: &[Op]) {
-    let mut model = vec![0u8; SIZE as usize];
-    // Bytes whose content is uncertain after a trim that may keep data.
-    let mut fuzzy = vec![false; SIZE as usize];
-    for op in ops {
-        match op.clone() {
-            Op::Write { offset, len, fill, fua } => {
-                let data = Bytes::from(vec![fill; len as usize]);
-                store.write(offset, data, fua).await.unwrap();
-                let r = offset as usize..offset as usize + len as usize;
-                model[r.clone()].fill(fill);
-                fuzzy[r].fill(false);
-            }
-            Op::Read { offset, len } => {
-                let got = store.read(offset, len).await.unwrap();
-                assert_eq!(got.len(), len as usize);
-                for (i, b) in got.iter().enumerate() {
-                    let at = offset as usize + i;
-                    if fuzzy[at] {
-                        assert!(*b == 0 || *b == model[at], "byte {at} after trim");
-                    } else {
-                        assert_eq!(*b, model[at], "byte {at} after {ops:?}");
-                    }
-                }
-            }
-            Op::Trim { offset, len } => {
-                store.trim(offset, len).await.unwrap();
-                // A trim is a hint, and even a store whose trims read as zeros punches
-                // whole file-system blocks only: each byte reads as zero or as before.
-                fuzzy[offset as usize..offset as usize + len as usize].fill(true);
-            }
-            Op::Zero { offset, len, may_trim } => {
-                store.write_zeroes(offset, len, may_trim).await.unwrap();
-                let r = offset as usize..offset as usize + len as usize;
-                model[r.clone()].fill(0);
-                fuzzy[r].fill(false);
-            }
-            Op::Flush => store.flush().await.unwrap(),
-        }
-    }
-}
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
 
     #[test]
-    fn mem_store_matches_the_model(ops in prop::collection::vec(op(), 1..40)) {
+    fn mem_store_matches_the_model(ops in prop::collection::vec(op(Geometry::SMALL), 1..40)) {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let store = MemStore::new(SIZE);
         rt.block_on(check(&store, &ops));
     }
 
     #[test]
-    fn file_store_matches_the_model(ops in prop::collection::vec(op(), 1..40)) {
+    fn file_store_matches_the_model(ops in prop::collection::vec(op(Geometry::SMALL), 1..40)) {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let path = temp("model");
         let store = FileStore::open_or_create(&path, SIZE).unwrap();

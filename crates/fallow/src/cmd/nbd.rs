@@ -15,15 +15,20 @@ use fallow_pool::{Engine, EngineBuilder};
 /// Export block devices over NBD, with reads served from the page pool.
 ///
 /// Each `--export NAME=BACKING` is one export; BACKING is a file or block device
-/// (`file:PATH`, or just a path; `file:PATH,size=SIZE` creates a sparse image if missing)
-/// or a RAM disk (`mem:SIZE`). Reads go to the local tier, then the pool (`--pool
-/// local:SIZE` for one in this process, or `fallow://HOST:PORT` for a node, with
+/// (`file:PATH`, or just a path; `file:PATH,size=SIZE` creates a sparse image if missing),
+/// a RAM disk (`mem:SIZE`), an upstream NBD server (`nbd://HOST:PORT/EXPORT`) or, in a
+/// build with the `rados` feature, a Ceph RADOS image striped over 4 MiB objects
+/// (`rados:POOL/PREFIX[,size=SIZE][,conf=PATH][,user=NAME][,namespace=NS]`: `size=`
+/// creates it if missing; the configuration defaults to $CEPH_CONF, then
+/// /etc/ceph/ceph.conf, and the user to admin). Reads go to the local tier, then the pool
+/// (`--pool local:SIZE` for one in this process, or `fallow://HOST:PORT` for a node, with
 /// `--secret-file`), then the backing store; writes go through to the backing store before
 /// they are acknowledged. Connect with any NBD client, e.g.
 /// `qemu-img info nbd://127.0.0.1:10809/NAME`.
 #[derive(Debug, Args)]
 pub struct NbdArgs {
-    /// An export: NAME=file:PATH[,size=SIZE] | NAME=PATH | NAME=mem:SIZE | NAME=nbd://…
+    /// An export: NAME=file:PATH[,size=SIZE] | NAME=PATH | NAME=mem:SIZE | NAME=nbd://… |
+    /// NAME=rados:POOL/PREFIX[,size=SIZE][,conf=PATH][,user=NAME][,namespace=NS].
     /// Repeatable; the first is also the default export.
     #[arg(long = "export", value_name = "NAME=BACKING", required = true)]
     exports: Vec<String>,
@@ -88,6 +93,9 @@ async fn open_backing(spec: &str) -> anyhow::Result<Arc<dyn BackingStore>> {
     if spec.starts_with("nbd://") || spec.starts_with("nbd+unix://") {
         return Ok(Arc::new(NbdStore::connect(spec).await?));
     }
+    if let Some(rest) = spec.strip_prefix("rados:") {
+        return open_rados(spec, rest).await;
+    }
     let rest = spec.strip_prefix("file:").unwrap_or(spec);
     let (path, size) = match rest.split_once(",size=") {
         Some((path, size)) => {
@@ -104,6 +112,56 @@ async fn open_backing(spec: &str) -> anyhow::Result<Arc<dyn BackingStore>> {
         None => FileStore::open(&path, false)?,
     };
     Ok(Arc::new(store))
+}
+
+/// Opens `rados:REST`: connects to the cluster and opens (or, with `size=`, creates) the
+/// image.
+#[cfg(feature = "rados")]
+async fn open_rados(spec: &str, rest: &str) -> anyhow::Result<Arc<dyn BackingStore>> {
+    let (config, size) = parse_rados(rest).with_context(|| format!("backing {spec:?}"))?;
+    let store = fallow_backing::RadosStore::open(&config, size)
+        .await
+        .with_context(|| format!("backing {spec:?}"))?;
+    Ok(Arc::new(store))
+}
+
+/// Without the `rados` feature there is no RADOS store to open.
+#[cfg(not(feature = "rados"))]
+async fn open_rados(spec: &str, _rest: &str) -> anyhow::Result<Arc<dyn BackingStore>> {
+    bail!(
+        "backing {spec:?}: this fallow was built without RADOS support (cargo feature \
+         `rados`, which needs librados-dev to build)"
+    )
+}
+
+/// `POOL/PREFIX[,size=SIZE][,conf=PATH][,user=NAME][,namespace=NS]`: where the image is,
+/// and the size to create it with if it is missing.
+#[cfg(feature = "rados")]
+fn parse_rados(rest: &str) -> anyhow::Result<(fallow_backing::RadosConfig, Option<u64>)> {
+    const FORM: &str = "rados:POOL/PREFIX[,size=SIZE][,conf=PATH][,user=NAME][,namespace=NS]";
+    let mut parts = rest.split(',');
+    let location = parts.next().unwrap_or_default();
+    let Some((pool, prefix)) =
+        location.split_once('/').filter(|(p, x)| !p.is_empty() && !x.is_empty())
+    else {
+        bail!("expected {FORM}");
+    };
+    // librados' own default: $CEPH_CONF, then /etc/ceph/ceph.conf.
+    let conf = std::env::var_os("CEPH_CONF")
+        .filter(|c| !c.is_empty())
+        .map_or_else(|| PathBuf::from(fallow_backing::rados::DEFAULT_CONF), PathBuf::from);
+    let mut config = fallow_backing::RadosConfig::new(pool, prefix).conf(conf);
+    let mut size = None;
+    for part in parts {
+        match part.split_once('=') {
+            Some(("size", v)) => size = Some(parse_size(v).with_context(|| format!("size={v}"))?),
+            Some(("conf", v)) if !v.is_empty() => config = config.conf(v),
+            Some(("user", v)) if !v.is_empty() => config = config.user(v),
+            Some(("namespace", v)) if !v.is_empty() => config = config.namespace(v),
+            _ => bail!("unknown or empty option {part:?}; expected {FORM}"),
+        }
+    }
+    Ok((config, size))
 }
 
 async fn open_pool(
@@ -213,4 +271,25 @@ pub fn run(args: NbdArgs) -> anyhow::Result<()> {
         server.shutdown().await;
         Ok(())
     })
+}
+
+#[cfg(all(test, feature = "rados"))]
+mod tests {
+    use super::*;
+    use fallow_backing::RadosConfig;
+
+    #[test]
+    fn rados_specs_parse_and_bad_ones_say_the_form() {
+        let (config, size) =
+            parse_rados("cache/img,size=64M,conf=/c.conf,user=client.bob,namespace=t").unwrap();
+        let want = RadosConfig::new("cache", "img").conf("/c.conf").user("bob").namespace("t");
+        assert_eq!((config, size), (want, Some(64 << 20)));
+        let (config, size) = parse_rados("p/dir/img").unwrap();
+        assert_eq!(config.image(), "rados:p/dir/img");
+        assert_eq!(size, None);
+        for bad in ["cache", "/img", "cache/", "cache/img,size=lots", "cache/img,color=red"] {
+            let err = format!("{:#}", parse_rados(bad).unwrap_err());
+            assert!(err.contains("size=") || err.contains("POOL/PREFIX"), "{bad}: {err}");
+        }
+    }
 }
