@@ -81,6 +81,16 @@ fn engine(budget: usize) -> Engine {
 /// Creates a pool of `spec` and fills it with `budget / PAGE_SIZE` unique pages, showing
 /// progress on stderr. Panics if a put is not stored (the budget holds every page).
 fn fill(e: &Engine, spec: &PoolSpec, what: &str) -> fallow_core::PoolId {
+    fill_keyed(e, spec, what, key)
+}
+
+/// [`fill`] with keys made by `key`.
+fn fill_keyed(
+    e: &Engine,
+    spec: &PoolSpec,
+    what: &str,
+    key: fn(fallow_core::PoolId, u64) -> PageKey,
+) -> fallow_core::PoolId {
     let pool = e.create_pool(spec).expect("pool created");
     let n = (e.config().budget_bytes / PAGE_SIZE) as u64;
     let mut buf = vec![0u8; PAGE_SIZE];
@@ -97,15 +107,22 @@ fn fill(e: &Engine, spec: &PoolSpec, what: &str) -> fallow_core::PoolId {
     pool
 }
 
+/// The key of page `i` when every page is an object of its own: the index's worst case,
+/// each page paying for an object-table entry.
+fn lone_key(pool: fallow_core::PoolId, i: u64) -> PageKey {
+    PageKey::new(pool, i, 0)
+}
+
 /// (a), run in a child process: prints one `RESULT` line for the parent.
 fn metadata_case(sizes: Sizes, kind: &str) {
-    let spec = match kind {
-        "persistent" => PoolSpec::persistent(),
-        _ => PoolSpec::ephemeral(),
+    let (spec, key_of): (_, fn(_, _) -> _) = match kind {
+        "persistent" => (PoolSpec::persistent(), key),
+        "persistent-lone" => (PoolSpec::persistent(), lone_key),
+        _ => (PoolSpec::ephemeral(), key),
     };
     let before = rss_bytes();
     let e = engine(sizes.metadata_budget);
-    fill(&e, &spec, kind);
+    fill_keyed(&e, &spec, kind, key_of);
     let after = rss_bytes();
     let s = e.stats();
     println!(
@@ -138,7 +155,7 @@ fn metadata_child(sizes: Sizes, kind: &str) -> Vec<(String, usize)> {
 
 fn metadata(sizes: Sizes) {
     let mut rows = Vec::new();
-    for kind in ["ephemeral", "persistent"] {
+    for kind in ["ephemeral", "persistent", "persistent-lone"] {
         let r = metadata_child(sizes, kind);
         let get = |k: &str| r.iter().find(|(n, _)| n == k).map_or(0, |(_, v)| *v);
         let pages = get("pages").max(1);
@@ -155,6 +172,7 @@ fn metadata(sizes: Sizes) {
         "### (a) Metadata per cached page ({} MiB budget, full)\n",
         sizes.metadata_budget / MIB
     );
+    println!("Pages are 1024 to an object, except in `persistent-lone`: one page per object.\n");
     println!("| pool | pages | mapped MiB | self-reported B/page | RSS delta − page bytes, B/page | ≤ 32 B/page |");
     println!("|---|---:|---:|---:|---:|---|");
     rows.iter().for_each(|r| println!("{r}"));
