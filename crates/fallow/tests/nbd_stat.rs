@@ -109,6 +109,10 @@ fn stat_reports_pool_hits_without_a_local_tier() {
     assert_eq!(d["pages_read"]["local"], 0, "{v}");
     assert_eq!(d["hit_ratio"], 0.5, "{v}");
     assert!(d["pool_put_pages"].as_u64().unwrap() >= 16, "{v}");
+    // `--pool local:16M` runs in the server's process: its memory is reported too.
+    assert_eq!(v["pool"]["lent_bytes"], 16 << 20, "{v}");
+    // (The pages read are zeros, kept as fill words without a frame: 0 bytes is right.)
+    assert!(v["pool"]["used_bytes"].is_u64(), "{v}");
     drop(nbd);
 }
 

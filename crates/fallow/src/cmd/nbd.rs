@@ -8,6 +8,7 @@ use clap::{Args, ValueEnum};
 use fallow_backing::{BackingStore, FileStore, MemStore, NbdStore};
 use fallow_core::{AsyncPageStore, ListenAddr, PoolSpec};
 use fallow_nbd::cache::{CacheConfig, CacheLayer, Mode, PoolTier, WritePolicy};
+use fallow_nbd::metrics::PoolMemory;
 use fallow_nbd::{Export, NbdServer};
 use fallow_node::lending::parse_size;
 use fallow_pool::{Engine, EngineBuilder};
@@ -164,15 +165,24 @@ fn parse_rados(rest: &str) -> anyhow::Result<(fallow_backing::RadosConfig, Optio
     Ok((config, size))
 }
 
-async fn open_pool(
-    args: &NbdArgs,
-) -> anyhow::Result<Option<(Arc<dyn AsyncPageStore>, fallow_core::PoolId)>> {
+/// The pool behind the exports: its store, the pool made in it, and the engine itself when
+/// it runs in this process (for its memory gauges).
+struct OpenedPool {
+    store: Arc<dyn AsyncPageStore>,
+    pool: fallow_core::PoolId,
+    engine: Option<Arc<Engine>>,
+}
+
+async fn open_pool(args: &NbdArgs) -> anyhow::Result<Option<OpenedPool>> {
+    let mut engine = None;
     let store: Arc<dyn AsyncPageStore> = if args.pool == "none" {
         return Ok(None);
     } else if let Some(size) = args.pool.strip_prefix("local:") {
         let budget = parse_size(size).with_context(|| format!("--pool {}", args.pool))?;
         let config = EngineBuilder::new(usize::try_from(budget).unwrap_or(usize::MAX)).build()?;
-        Arc::new(Engine::new(config))
+        let local = Arc::new(Engine::new(config));
+        engine = Some(local.clone());
+        local
     } else if args.pool.starts_with("fallow://") {
         let Some(secret_file) = &args.secret_file else {
             bail!("--pool {} needs --secret-file", args.pool);
@@ -189,7 +199,19 @@ async fn open_pool(
         bail!("--pool {:?}: expected none, local:SIZE or fallow://HOST:PORT", args.pool);
     };
     let pool = store.create_pool(&PoolSpec::ephemeral()).await?;
-    Ok(Some((store, pool)))
+    Ok(Some(OpenedPool { store, pool, engine }))
+}
+
+/// Lets the server's metrics (and so `fallow stat --nbd`) show the memory of a pool engine
+/// running in this process.
+pub(crate) fn export_engine_memory(server: &NbdServer, engine: Arc<Engine>) {
+    server.metrics().watch_pool_memory(move || {
+        let memory = engine.memory();
+        PoolMemory {
+            used_bytes: memory.held_bytes() as u64,
+            lent_bytes: memory.budget_bytes as u64,
+        }
+    });
 }
 
 /// Runs the NBD server until SIGTERM or SIGINT.
@@ -240,9 +262,9 @@ pub fn run(args: NbdArgs) -> anyhow::Result<()> {
         let pool = open_pool(&args).await?;
         let mut exports = Vec::new();
         for (object, (name, spec, backing)) in backings.into_iter().enumerate() {
-            let tier = pool.as_ref().map(|(store, pool)| PoolTier {
-                store: store.clone(),
-                pool: *pool,
+            let tier = pool.as_ref().map(|opened| PoolTier {
+                store: opened.store.clone(),
+                pool: opened.pool,
                 object: object as u64,
             });
             let config = CacheConfig { local_pages, mode, write, ..CacheConfig::default() };
@@ -257,6 +279,9 @@ pub fn run(args: NbdArgs) -> anyhow::Result<()> {
         }
         let names: Vec<String> = exports.iter().map(|e| e.name.clone()).collect();
         let server = NbdServer::start(&listen, exports, args.metrics).await?;
+        if let Some(engine) = pool.and_then(|opened| opened.engine) {
+            export_engine_memory(&server, engine);
+        }
         for addr in server.local_addrs() {
             for name in &names {
                 match addr {

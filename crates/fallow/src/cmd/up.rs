@@ -12,7 +12,6 @@ use clap::Args;
 use fallow_backing::{BackingStore, FileStore};
 use fallow_core::{AsyncPageStore, ListenAddr, PoolSpec};
 use fallow_nbd::cache::{CacheConfig, CacheLayer, Mode, PoolTier};
-use fallow_nbd::metrics::PoolMemory;
 use fallow_nbd::{Export, NbdServer};
 use fallow_node::lending::{parse_size, Governor, LendMode};
 use fallow_pool::{Engine, EngineBuilder};
@@ -116,14 +115,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
             read_only: false,
         });
         let server = NbdServer::start(std::slice::from_ref(&args.listen), vec![export], args.metrics).await?;
-        let pool_engine = engine.clone();
-        server.metrics().watch_pool_memory(move || {
-            let memory = pool_engine.memory();
-            PoolMemory {
-                used_bytes: memory.held_bytes() as u64,
-                lent_bytes: memory.budget_bytes as u64,
-            }
-        });
+        crate::cmd::nbd::export_engine_memory(&server, engine.clone());
         let watch = match server.metrics_addr() {
             Some(addr) => format!("\n  watch it:\n    fallow stat --nbd {addr}\n"),
             None => "\n  watch it: start with --metrics 127.0.0.1:9100, then\n    \
