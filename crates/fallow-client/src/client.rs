@@ -9,7 +9,7 @@ use bytes::Bytes;
 use fallow_core::{
     check_batch, ObjectId, PageKey, PoolId, PoolSpec, PutOutcome, StoreError, PAGE_SIZE,
 };
-use fallow_proto::fallow::{Op, PageRef, Reply, Request, Status};
+use fallow_proto::fallow::{MemberInfo, Op, PageRef, Reply, Request, Status};
 use parking_lot::Mutex;
 
 use crate::conn::Conn;
@@ -283,6 +283,16 @@ impl Client {
     pub async fn stats(&self) -> Result<NodeStats, ClientError> {
         match self.request(&Request::Stats, 0).await? {
             Reply::Stats(entries) => Ok(NodeStats { entries }),
+            other => Err(failure(other, None)),
+        }
+    }
+
+    /// The cluster's members as the node sees them (itself included, flagged `local`);
+    /// empty when the node does not gossip. A node too old to know the request answers
+    /// [`ClientError::Refused`] with `UNKNOWN_OP`.
+    pub async fn members(&self) -> Result<Vec<MemberInfo>, ClientError> {
+        match self.request(&Request::Members, 0).await? {
+            Reply::Members(members) => Ok(members),
             other => Err(failure(other, None)),
         }
     }

@@ -36,4 +36,5 @@ pub use blocking::BlockingClient;
 pub use client::Client;
 pub use config::{ClientConfig, Endpoint};
 pub use error::ClientError;
+pub use fallow_proto::fallow::{MemberInfo, MemberState};
 pub use stats::NodeStats;

@@ -32,6 +32,19 @@ pub struct NodeConfig {
     /// How long a reply may wait for the peer to read it before the connection is dropped
     /// (a client that stops reading must not hold the node's buffers forever).
     pub write_timeout: Duration,
+    /// Cluster membership by gossip (`docs/cluster.md`); `None` runs the node alone.
+    pub cluster: Option<ClusterSettings>,
+}
+
+/// How a node joins a cluster. The timings are `fallow_cluster`'s defaults.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterSettings {
+    /// The UDP address to gossip on. `None`: the IP of the first TCP listen address and
+    /// its port + 1 (7401 beside the default 7400; port 0, OS-chosen, beside port 0).
+    pub gossip: Option<SocketAddr>,
+    /// Gossip addresses (`HOST:PORT`) of members to contact first; may be empty for the
+    /// first node, and may list nodes that are not up yet.
+    pub join: Vec<String>,
 }
 
 impl NodeConfig {
@@ -46,6 +59,7 @@ impl NodeConfig {
             max_pools_per_client: 1024,
             handshake_timeout: Duration::from_secs(10),
             write_timeout: Duration::from_secs(30),
+            cluster: None,
         }
     }
 }
@@ -73,6 +87,10 @@ pub struct ConfigFile {
     pub max_connections: Option<usize>,
     /// Seconds a reply may wait for a peer that does not read.
     pub write_timeout_secs: Option<u64>,
+    /// Gossip addresses of cluster members to join, as for `--join`.
+    pub join: Option<Vec<String>>,
+    /// The UDP address to gossip on, as for `--gossip`.
+    pub gossip: Option<String>,
 }
 
 impl ConfigFile {
@@ -114,6 +132,10 @@ mod tests {
             toml::from_str("listen = [\"127.0.0.1:7400\"]\nlend = \"auto\"\nreserve = \"2G\"\n")
                 .unwrap();
         assert_eq!(file.lend.as_deref(), Some("auto"));
+        let file: ConfigFile =
+            toml::from_str("join = [\"10.0.0.2:7401\"]\ngossip = \"10.0.0.1:7401\"\n").unwrap();
+        assert_eq!(file.join.unwrap(), ["10.0.0.2:7401"]);
+        assert_eq!(file.gossip.as_deref(), Some("10.0.0.1:7401"));
         let err = toml::from_str::<ConfigFile>("lnd = \"1G\"\n").unwrap_err().to_string();
         assert!(err.contains("unknown field"), "{err}");
     }

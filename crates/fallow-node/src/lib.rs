@@ -7,6 +7,7 @@
 //!                                 └─ slow requests on blocking threads
 //!  lending governor (a thread) ── set_budget ──────────────────────┘
 //!  /metrics (Prometheus) ◀── Metrics, engine stats at scrape time
+//!  cluster member (gossip, UDP) ◀── capacity once a second; MEMBERS reads its list
 //! ```
 //!
 //! # Components
@@ -15,17 +16,19 @@
 //! `cmd`: one function per request type. [`clients`]: who may reach which pool.
 //! [`metrics`]: Prometheus counters and the `/metrics` endpoint. [`lending`]: how much to
 //! lend, following the host's memory pressure. [`config`]: settings and the TOML file.
+//! `membership`: joining the cluster (`fallow-cluster`) and publishing capacity.
 
 pub mod clients;
 mod cmd;
 pub mod config;
 mod connection;
 pub mod lending;
+mod membership;
 pub mod metrics;
 mod node;
 mod server;
 
-pub use config::{ConfigFile, NodeConfig};
+pub use config::{ClusterSettings, ConfigFile, NodeConfig};
 pub use fallow_core::ListenAddr;
 pub use node::Node;
 pub use server::Server;

@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
+use fallow_cluster::{MemberEvent, MemberState};
 use fallow_proto::fallow::{Op, Status};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -41,6 +42,16 @@ struct PageResult {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Kind {
     kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EventLabel {
+    event: &'static str,
 }
 
 type HistogramFamily = Family<OpLabel, Histogram, fn() -> Histogram>;
@@ -78,6 +89,18 @@ pub struct Metrics {
     pub connections_total: Counter,
     rejections: Family<Kind, Counter>,
     engine: EngineGauges,
+    cluster: ClusterGauges,
+}
+
+/// Read from the cluster member at scrape time; all zero when the node does not gossip.
+#[derive(Debug, Default)]
+struct ClusterGauges {
+    members: Family<StateLabel, Gauge>,
+    events: Family<EventLabel, Gauge>,
+    sent_datagrams: Gauge,
+    sent_bytes: Gauge,
+    received_bytes: Gauge,
+    rejected: Gauge,
 }
 
 #[derive(Debug, Default)]
@@ -187,6 +210,44 @@ impl Metrics {
             "Times the governor grew the budget",
             engine.budget_grows.clone(),
         );
+        let cluster = ClusterGauges::default();
+        registry.register(
+            "cluster_members",
+            "Cluster members this node knows, by state (alive, suspect, dead), itself included",
+            cluster.members.clone(),
+        );
+        registry.register(
+            "cluster_member_events",
+            "Membership changes seen since start, by event (joined, failed, left, ...)",
+            cluster.events.clone(),
+        );
+        registry.register(
+            "gossip_sent_datagrams",
+            "Gossip datagrams sent",
+            cluster.sent_datagrams.clone(),
+        );
+        registry.register(
+            "gossip_sent_bytes",
+            "Gossip bytes sent (UDP payloads)",
+            cluster.sent_bytes.clone(),
+        );
+        registry.register(
+            "gossip_received_bytes",
+            "Authenticated gossip bytes received (UDP payloads)",
+            cluster.received_bytes.clone(),
+        );
+        registry.register(
+            "gossip_rejected_datagrams",
+            "Gossip datagrams dropped: wrong tag (another secret, a stranger) or not understood",
+            cluster.rejected.clone(),
+        );
+        // Every label from the start, at 0, so a dashboard sees the series before any change.
+        for state in MemberState::ALL {
+            let _ = cluster.members.get_or_create(&StateLabel { state: state.name() });
+        }
+        for event in MemberEvent::ALL {
+            let _ = cluster.events.get_or_create(&EventLabel { event: event.name() });
+        }
         let per_op = Op::ALL
             .into_iter()
             .map(|op| {
@@ -209,6 +270,7 @@ impl Metrics {
             connections_total,
             rejections,
             engine,
+            cluster,
         }
     }
 
@@ -275,6 +337,22 @@ impl Metrics {
             e.psi_some_avg10.set(lending.psi_some_avg10);
             set(&e.budget_shrinks, lending.shrinks);
             set(&e.budget_grows, lending.grows);
+        }
+        if let Some(cluster) = node.cluster() {
+            let members = cluster.members();
+            for state in MemberState::ALL {
+                let n = members.iter().filter(|m| m.state == state).count() as u64;
+                set(&self.cluster.members.get_or_create(&StateLabel { state: state.name() }), n);
+            }
+            for event in MemberEvent::ALL {
+                let label = EventLabel { event: event.name() };
+                set(&self.cluster.events.get_or_create(&label), cluster.event_count(event));
+            }
+            let traffic = cluster.traffic();
+            set(&self.cluster.sent_datagrams, traffic.sent_datagrams);
+            set(&self.cluster.sent_bytes, traffic.sent_bytes);
+            set(&self.cluster.received_bytes, traffic.received_bytes);
+            set(&self.cluster.rejected, traffic.rejected_datagrams);
         }
         let mut text = String::new();
         // Writing into a String cannot fail.

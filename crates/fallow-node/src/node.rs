@@ -1,9 +1,10 @@
 //! The state one node shares between all its connections: the engine, the clients and
-//! their pools, the secret, the metrics and the lending governor.
+//! their pools, the secret, the metrics, the lending governor and the cluster membership.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
+use fallow_cluster::Cluster;
 use fallow_pool::Engine;
 
 use crate::clients::Clients;
@@ -20,6 +21,9 @@ pub struct Node {
     clients: Clients,
     metrics: Metrics,
     lending: Option<GovernorHandle>,
+    /// Set once by `Server::start` when the node gossips: membership needs the bound
+    /// addresses, which exist only after the listeners are.
+    cluster: OnceLock<Cluster>,
     started: Instant,
 }
 
@@ -34,6 +38,7 @@ impl Node {
             clients: Clients::default(),
             metrics: Metrics::new(),
             lending,
+            cluster: OnceLock::new(),
             started: Instant::now(),
         }
     }
@@ -66,6 +71,16 @@ impl Node {
     /// The lending governor's state, if the node has one.
     pub fn lending_status(&self) -> Option<GovernorStatus> {
         self.lending.as_ref().map(|l| l.status())
+    }
+
+    /// The cluster member, when the node gossips.
+    pub fn cluster(&self) -> Option<&Cluster> {
+        self.cluster.get()
+    }
+
+    /// Records the cluster member (once; a second call is ignored).
+    pub(crate) fn set_cluster(&self, cluster: Cluster) {
+        let _ = self.cluster.set(cluster);
     }
 
     /// Seconds since the node started.

@@ -1,5 +1,5 @@
-//! Binding the listeners, accepting connections, expiring idle clients, and stopping
-//! cleanly.
+//! Binding the listeners, accepting connections, expiring idle clients, joining the
+//! cluster, and stopping cleanly.
 
 use std::io;
 use std::net::SocketAddr;
@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::connection;
+use crate::membership;
 use crate::metrics;
 use crate::node::Node;
 use fallow_core::ListenAddr;
@@ -65,6 +66,7 @@ impl Server {
             None => None,
         };
         tasks.spawn(expire_clients(node.clone(), shutdown.clone()));
+        membership::start(&node, &node.config().listen, &bound, shutdown.clone(), &tasks).await?;
         Ok(Server { node, bound, metrics, unix_paths, shutdown, tasks })
     }
 
@@ -91,9 +93,13 @@ impl Server {
         &self.node
     }
 
-    /// Stops accepting, closes every connection (each writes the replies it has ready),
-    /// waits for them up to a few seconds, and removes the Unix socket files.
+    /// Leaves the cluster (the other members list this node dead at once), stops
+    /// accepting, closes every connection (each writes the replies it has ready), waits
+    /// for them up to a few seconds, and removes the Unix socket files.
     pub async fn shutdown(self) {
+        if let Some(cluster) = self.node.cluster() {
+            cluster.leave().await;
+        }
         self.shutdown.cancel();
         self.tasks.close();
         if tokio::time::timeout(DRAIN_TIMEOUT, self.tasks.wait()).await.is_err() {

@@ -66,6 +66,7 @@ fn request() -> impl Strategy<Value = Request> {
             .prop_map(|(client_nonce, proof)| Request::Auth { client_nonce, proof }),
         Just(Request::Ping),
         Just(Request::Stats),
+        Just(Request::Members),
         spec().prop_map(Request::CreatePool),
         pool.clone().prop_map(Request::DestroyPool),
         pool.clone().prop_map(Request::InvalidatePool),

@@ -7,7 +7,8 @@ use bytes::{Bytes, BytesMut};
 use fallow_core::{DedupScope, NotStored, PoolId, PoolSpec, PutOutcome, TrustDomain, PAGE_SIZE};
 use fallow_proto::fallow::frame::decode;
 use fallow_proto::fallow::{
-    encode_pages_with, Hello, HelloReply, Op, PageRef, Reply, Request, StatEntry, Status,
+    encode_pages_with, Hello, HelloReply, MemberInfo, MemberState, Op, PageRef, Reply, Request,
+    StatEntry, Status,
 };
 
 /// A frame header: length, op, status, reserved, id.
@@ -252,6 +253,84 @@ fn stats_reply() {
         14,
         frame(0x30, 0, 14, &body),
     );
+}
+
+#[test]
+fn members_request_and_reply() {
+    check_request(Request::Members, 16, frame(0x31, 0, 16, &[]));
+    let mut body = vec![2, 0]; // two entries
+                               // Entry 0: the answering node, alive, IPv4.
+    body.extend([0, 1, 4, 1]); // state alive, flags local, family 4, id length 1
+    body.extend([127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+    body.extend(7400u16.to_le_bytes());
+    body.extend([0, 0]); // reserved
+    body.extend(0x0102_0304_0506_0708u64.to_le_bytes()); // generation
+    body.extend((8u64 << 30).to_le_bytes()); // lendable
+    body.extend((6u64 << 30).to_le_bytes()); // free
+    body.extend(0u32.to_le_bytes()); // age
+    body.extend([0, 0, 0, 0]); // reserved
+    body.extend(b"a");
+    // Entry 1: dead, IPv6, heard of 1500 ms ago.
+    body.extend([2, 0, 6, 2]);
+    body.extend([0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]);
+    body.extend(7410u16.to_le_bytes());
+    body.extend([0, 0]);
+    body.extend(5u64.to_le_bytes());
+    body.extend(4096u64.to_le_bytes());
+    body.extend(0u64.to_le_bytes());
+    body.extend(1500u32.to_le_bytes());
+    body.extend([0, 0, 0, 0]);
+    body.extend(b"bb");
+    let members = vec![
+        MemberInfo {
+            id: "a".into(),
+            state: MemberState::Alive,
+            local: true,
+            addr: "127.0.0.1:7400".parse().unwrap(),
+            generation: 0x0102_0304_0506_0708,
+            lendable_bytes: 8 << 30,
+            free_bytes: 6 << 30,
+            age_ms: 0,
+        },
+        MemberInfo {
+            id: "bb".into(),
+            state: MemberState::Dead,
+            local: false,
+            addr: "[fd00::2]:7410".parse().unwrap(),
+            generation: 5,
+            lendable_bytes: 4096,
+            free_bytes: 0,
+            age_ms: 1500,
+        },
+    ];
+    check_reply(Reply::Members(members), Op::Members, 0, 16, frame(0x31, 0, 16, &body));
+    // Not in a cluster: no entries.
+    check_reply(Reply::Members(vec![]), Op::Members, 0, 17, frame(0x31, 0, 17, &[0, 0]));
+}
+
+#[test]
+fn members_replies_with_bad_fields_are_refused() {
+    let entry = |state: u8, flags: u8, family: u8, ip_tail: u8, id_len: u8| {
+        let mut body = vec![1, 0, state, flags, family, id_len, 10, 0, 0, 1];
+        body.extend([0; 11]);
+        body.push(ip_tail);
+        body.extend([0; 36]); // port, reserved, generation, lendable, free, age, reserved
+        body.extend(vec![b'x'; id_len as usize]);
+        body
+    };
+    let parse = |body: Vec<u8>| {
+        let mut buf = BytesMut::from(&frame(0x31, 0, 1, &body)[..]);
+        Reply::parse(decode(&mut buf).unwrap().unwrap(), Op::Members, 0)
+    };
+    assert!(parse(entry(0, 0, 4, 0, 1)).is_ok());
+    assert!(parse(entry(3, 0, 4, 0, 1)).is_err(), "unknown state");
+    assert!(parse(entry(0, 2, 4, 0, 1)).is_err(), "unknown flag");
+    assert!(parse(entry(0, 0, 5, 0, 1)).is_err(), "unknown family");
+    assert!(parse(entry(0, 0, 4, 9, 1)).is_err(), "IPv4 with a tail");
+    assert!(parse(entry(0, 0, 4, 0, 0)).is_err(), "empty id");
+    let mut short = entry(0, 0, 4, 0, 3);
+    short.pop();
+    assert!(parse(short).is_err(), "truncated id");
 }
 
 #[test]

@@ -3,6 +3,7 @@
 //! reply frame. The handshake (HELLO, AUTH) is in [`handshake`].
 
 pub(crate) mod handshake;
+mod members;
 mod pages;
 mod pools;
 mod stats;
@@ -43,6 +44,7 @@ pub(crate) fn execute(
         }
         Request::Ping => Ok(Reply::Empty),
         Request::Stats => Ok(stats::collect(node, client)),
+        Request::Members => Ok(members::list(node)),
         Request::CreatePool(spec) => pools::create(node, client, &spec),
         Request::DestroyPool(pool) => pools::destroy(node, client, pool),
         Request::InvalidatePool(pool) => pools::invalidate_pool(node, client, pool),

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fallow_client::ClientConfig;
-use fallow_node::{ListenAddr, Node, NodeConfig, Server};
+use fallow_node::{ClusterSettings, ListenAddr, Node, NodeConfig, Server};
 use fallow_pool::{Engine, EngineBuilder};
 
 /// The secret every test node uses.
@@ -33,6 +33,8 @@ pub struct Options {
     pub unix: bool,
     pub max_pools_per_client: usize,
     pub metrics: bool,
+    /// Gossip settings; `None` runs the node alone.
+    pub cluster: Option<ClusterSettings>,
 }
 
 impl Default for Options {
@@ -45,6 +47,7 @@ impl Default for Options {
             unix: false,
             max_pools_per_client: 1024,
             metrics: false,
+            cluster: None,
         }
     }
 }
@@ -76,6 +79,7 @@ impl TestNode {
         if options.metrics {
             config.metrics = Some("127.0.0.1:0".parse().unwrap());
         }
+        config.cluster = options.cluster;
         let node = Arc::new(Node::new(engine, config, None));
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

@@ -18,16 +18,18 @@
 //! [`frame`]: splitting a byte stream into frames, and writing frame headers.
 //! [`Request`]: what a client asks, parsed from a frame body or encoded into one.
 //! [`Reply`]: what the node answers.
-//! [`auth`]: the challenge–response proofs.
+//! [`auth`]: the challenge–response proofs. [`MemberInfo`]: one entry of a MEMBERS reply.
 
 pub mod auth;
 pub mod frame;
+mod members;
 mod op;
 mod reply;
 mod request;
 mod wire;
 
 pub use frame::{Frame, FrameError, FrameWriter};
+pub use members::{MemberInfo, MemberState, MAX_MEMBERS, MEMBER_ENTRY_LEN};
 pub use op::{Op, Status};
 pub use reply::{encode_error, encode_pages_with, HelloReply, Reply, StatEntry};
 pub use request::{Hello, PageRef, Request};

@@ -28,11 +28,13 @@ pub enum Op {
     Take = 0x22,
     /// Node and pool counters.
     Stats = 0x30,
+    /// The cluster's members as this node sees them.
+    Members = 0x31,
 }
 
 impl Op {
     /// Every op, in code order.
-    pub const ALL: [Op; 12] = [
+    pub const ALL: [Op; 13] = [
         Op::Hello,
         Op::Auth,
         Op::Ping,
@@ -45,6 +47,7 @@ impl Op {
         Op::Get,
         Op::Take,
         Op::Stats,
+        Op::Members,
     ];
 
     /// The op with this code, if any.
@@ -67,6 +70,7 @@ impl Op {
             Op::Get => "get",
             Op::Take => "take",
             Op::Stats => "stats",
+            Op::Members => "members",
         }
     }
 }

@@ -9,6 +9,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use fallow_core::{NotStored, PoolId, PutOutcome, PAGE_SIZE};
 
 use super::frame::{Frame, FrameWriter};
+use super::members::{self, MemberInfo};
 use super::wire::{BodyError, Reader};
 use super::{Op, Status, MAX_BATCH, MAX_MESSAGE_LEN};
 
@@ -61,6 +62,8 @@ pub enum Reply {
     },
     /// Named counters (STATS).
     Stats(Vec<StatEntry>),
+    /// The cluster's members (MEMBERS); empty when the node is not in a cluster.
+    Members(Vec<MemberInfo>),
     /// HELLO refused: no version in common. The node closes after sending it.
     VersionMismatch {
         /// The node's lowest version.
@@ -129,6 +132,7 @@ impl Reply {
                     buf.put_u64_le(entry.value);
                 }
             }
+            Reply::Members(list) => members::encode(list, buf),
             Reply::VersionMismatch { min, max } => {
                 buf.put_u16_le(*min);
                 buf.put_u16_le(*max);
@@ -204,6 +208,7 @@ impl Reply {
                 }
                 Reply::Stats(entries)
             }
+            (Status::Ok, Op::Members) => Reply::Members(members::parse(&mut r)?),
             (status, _) => {
                 let len = r.remaining().min(MAX_MESSAGE_LEN);
                 let text = r.bytes(len, "message")?;
@@ -256,7 +261,7 @@ pub fn encode_pages_with<E>(
 }
 
 /// The longest prefix of `s` that fits in `max` bytes and ends on a character boundary.
-fn truncate_utf8(s: &str, max: usize) -> &str {
+pub(super) fn truncate_utf8(s: &str, max: usize) -> &str {
     if s.len() <= max {
         return s;
     }

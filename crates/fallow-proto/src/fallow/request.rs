@@ -102,6 +102,8 @@ pub enum Request {
     },
     /// Node and pool counters.
     Stats,
+    /// The cluster's members.
+    Members,
 }
 
 impl Request {
@@ -120,6 +122,7 @@ impl Request {
             Request::Get { .. } => Op::Get,
             Request::Take { .. } => Op::Take,
             Request::Stats => Op::Stats,
+            Request::Members => Op::Members,
         }
     }
 
@@ -144,7 +147,7 @@ impl Request {
                 buf.put_slice(client_nonce);
                 buf.put_slice(proof);
             }
-            Request::Ping | Request::Stats => {}
+            Request::Ping | Request::Stats | Request::Members => {}
             Request::CreatePool(spec) => encode_spec(spec, buf),
             Request::DestroyPool(pool) | Request::InvalidatePool(pool) => buf.put_u32_le(pool.0),
             Request::InvalidateObject { pool, object } => {
@@ -194,6 +197,7 @@ impl Request {
             }
             Op::Ping => Request::Ping,
             Op::Stats => Request::Stats,
+            Op::Members => Request::Members,
             Op::CreatePool => Request::CreatePool(parse_spec(&mut r)?),
             Op::DestroyPool => Request::DestroyPool(PoolId(r.u32("pool")?)),
             Op::InvalidatePool => Request::InvalidatePool(PoolId(r.u32("pool")?)),

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Args;
 use fallow_node::lending::{parse_size, Governor, LendMode};
-use fallow_node::{ConfigFile, ListenAddr, Node, NodeConfig, Server};
+use fallow_node::{ClusterSettings, ConfigFile, ListenAddr, Node, NodeConfig, Server};
 use fallow_pool::{Engine, EngineBuilder};
 
 /// The default address: loopback only, so a node is never exposed by accident.
@@ -22,9 +22,14 @@ const DEFAULT_LISTEN: &str = "127.0.0.1:7400";
 /// cgroup v2 limits, keeps `--reserve` free for the host, gives memory back within 100 ms
 /// of pressure and grows back in the background (docs/governor.md).
 ///
+/// With `--join` (or `--gossip`) the node joins a cluster: it gossips over UDP with the
+/// other nodes (every datagram authenticated with the secret, not encrypted), publishes
+/// how much it lends and has free, and detects a failed node within about a second
+/// (docs/cluster.md). `fallow stat --cluster` lists the members.
+///
 /// Settings can also come from a TOML file (`--config`; sample in deploy/); a flag wins
 /// over the file. Logs go to stderr (level from FALLOW_LOG, default info). SIGTERM or
-/// SIGINT stops the node cleanly.
+/// SIGINT stops the node cleanly (and tells the cluster it left).
 #[derive(Debug, Args)]
 pub struct NodeArgs {
     /// A TOML config file (see deploy/fallow-node.toml).
@@ -58,6 +63,14 @@ pub struct NodeArgs {
     /// Seconds a reply may wait for a client that stopped reading [default: 30].
     #[arg(long, value_name = "SECS")]
     write_timeout: Option<u64>,
+    /// Join a cluster: the gossip addresses (HOST:PORT, UDP) of other nodes, comma-separated
+    /// or repeated. Nodes not up yet are retried. Turns gossip on.
+    #[arg(long, value_name = "ADDR,...", value_delimiter = ',')]
+    join: Vec<String>,
+    /// The UDP address to gossip on; turns gossip on [default with --join: the first TCP
+    /// --listen IP and its port + 1, e.g. 127.0.0.1:7401].
+    #[arg(long, value_name = "ADDR")]
+    gossip: Option<SocketAddr>,
 }
 
 /// The node's settings after merging defaults, the file and the flags.
@@ -101,6 +114,7 @@ fn settings(args: NodeArgs) -> anyhow::Result<Settings> {
         auto.reserve_bytes =
             parse_size(&reserve).with_context(|| format!("--reserve {reserve}"))?;
     }
+    let cluster = cluster_settings(args.join, args.gossip, file.join, file.gossip)?;
     let metrics = match args.metrics {
         Some(addr) => Some(addr),
         None => match &file.metrics {
@@ -113,6 +127,7 @@ fn settings(args: NodeArgs) -> anyhow::Result<Settings> {
     };
     let mut config = NodeConfig::new(listen, secret);
     config.metrics = metrics;
+    config.cluster = cluster;
     if let Some(secs) = args.client_lease.or(file.client_lease_secs) {
         config.client_lease = Duration::from_secs(secs);
     }
@@ -130,6 +145,28 @@ fn settings(args: NodeArgs) -> anyhow::Result<Settings> {
         .or(file.policy)
         .unwrap_or_else(|| fallow_pool::eviction::DEFAULT_POLICY.to_string());
     Ok(Settings { config, lend, policy })
+}
+
+/// Gossip settings from the flags, else the file; `None` (no gossip) when neither names a
+/// node to join or an address to gossip on.
+fn cluster_settings(
+    join: Vec<String>,
+    gossip: Option<SocketAddr>,
+    file_join: Option<Vec<String>>,
+    file_gossip: Option<String>,
+) -> anyhow::Result<Option<ClusterSettings>> {
+    let join = if join.is_empty() { file_join.unwrap_or_default() } else { join };
+    let gossip = match (gossip, &file_gossip) {
+        (Some(addr), _) => Some(addr),
+        (None, Some(text)) => Some(
+            text.parse().with_context(|| format!("config file: gossip = {text:?}: not IP:PORT"))?,
+        ),
+        (None, None) => None,
+    };
+    if let Some(bad) = join.iter().find(|s| s.rsplit_once(':').is_none_or(|(h, _)| h.is_empty())) {
+        bail!("--join {bad:?}: give the gossip address of a node as HOST:PORT");
+    }
+    Ok((!join.is_empty() || gossip.is_some()).then_some(ClusterSettings { gossip, join }))
 }
 
 /// Runs a node until SIGTERM or SIGINT.
@@ -151,8 +188,10 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let server = Server::start(node.clone()).await?;
         let addrs: Vec<String> = server.local_addrs().iter().map(|a| a.to_string()).collect();
+        let gossip = node.cluster().map(|c| c.gossip_addr().to_string());
         tracing::info!(
             listen = %addrs.join(", "),
+            gossip = %gossip.as_deref().unwrap_or("off"),
             lend = %settings.lend,
             budget_bytes = node.engine().stats().budget_bytes,
             policy = %settings.policy,

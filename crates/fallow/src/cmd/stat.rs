@@ -1,6 +1,8 @@
-//! `fallow stat`: a node's state (over the node protocol) or an NBD server's (from its
-//! Prometheus endpoint, in `stat/nbd.rs`), as a table or JSON.
+//! `fallow stat`: a node's state (over the node protocol), the cluster's members as a
+//! node sees them (`stat/cluster.rs`), or an NBD server's state (from its Prometheus
+//! endpoint, in `stat/nbd.rs`), as a table or JSON.
 
+mod cluster;
 mod nbd;
 mod prometheus;
 
@@ -15,6 +17,10 @@ use fallow_client::{Client, ClientConfig, NodeStats};
 ///
 /// A node (`--node`, the default; needs `--secret-file`): lent and used memory, pages,
 /// dedup and compression savings, hit ratio, pools, clients and host memory pressure.
+///
+/// The cluster (`--cluster`, asked of `--node`): every member the node knows, its state
+/// (alive, suspect, dead), protocol address, lent, used and free memory, and how long
+/// ago the node last heard of it.
 ///
 /// An NBD server (`--nbd ADDR`, the address given to `fallow nbd --metrics` or `fallow
 /// up --metrics`): requests by command, and per export its size, hits per tier (local,
@@ -31,6 +37,9 @@ pub struct StatArgs {
     /// An NBD server instead: its metrics address, HOST:PORT or http://HOST:PORT[/PATH].
     #[arg(long, value_name = "ADDR")]
     nbd: Option<String>,
+    /// List the cluster's members as the node sees them, instead of the node's counters.
+    #[arg(long, conflicts_with = "nbd")]
+    cluster: bool,
     /// Print one JSON object (every counter by name) instead of a table.
     #[arg(long)]
     json: bool,
@@ -64,6 +73,9 @@ pub fn run(args: StatArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    if args.cluster {
+        return cluster::run(&runtime, config, &args.node, args.json);
+    }
     let (stats, node_id) = runtime.block_on(async {
         let client = Client::connect(config).await?;
         let stats = client.stats().await?;

@@ -1,0 +1,185 @@
+//! Three real `fallow node` processes on 127.0.0.1 that join each other by gossip: one is
+//! SIGKILLed and `fallow stat --cluster --json` on another shows it dead within about a
+//! second, then alive again once it is restarted on the same addresses; the membership
+//! metrics follow. Every process is stopped by its PID (support::Daemon).
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{TcpStream, UdpSocket};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use support::{free_port, start_node, Daemon, TempDir};
+
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A UDP port on 127.0.0.1 that was free a moment ago.
+fn free_udp_port() -> u16 {
+    UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// One node's fixed addresses, so that a restart comes back on the same ones.
+struct Addrs {
+    listen: String,
+    gossip: String,
+}
+
+fn start(addrs: &Addrs, peers: &[&Addrs], secret: &Path, extra: &[&str]) -> Daemon {
+    let join: Vec<&str> = peers.iter().map(|p| p.gossip.as_str()).collect();
+    let join = join.join(",");
+    let mut args = vec!["--listen", &addrs.listen, "--gossip", &addrs.gossip, "--join", &join];
+    args.extend(["--lend", "16M", "--secret-file", secret.to_str().unwrap()]);
+    args.extend(extra);
+    start_node(&args, START_TIMEOUT).0
+}
+
+/// `fallow stat --cluster --json` against `node`.
+fn members(node: &str, secret: &Path) -> Value {
+    let out = support::fallow()
+        .args(["stat", "--cluster", "--json", "--timeout", "2", "--node", node])
+        .args(["--secret-file", secret.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "stat --cluster failed: {out:?}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The state and generation of member `id` in a `stat --cluster --json` answer.
+fn member(list: &Value, id: &str) -> Option<(String, u64)> {
+    list["members"].as_array()?.iter().find(|m| m["id"] == id).map(|m| {
+        (m["state"].as_str().unwrap_or("?").to_string(), m["generation"].as_u64().unwrap_or(0))
+    })
+}
+
+/// Polls `stat --cluster` on `node` until `done` holds for its answer; returns the time
+/// it took, or panics after `limit`.
+fn wait_for(
+    node: &str,
+    secret: &Path,
+    what: &str,
+    limit: Duration,
+    done: impl Fn(&Value) -> bool,
+) -> Duration {
+    let start = Instant::now();
+    loop {
+        let list = members(node, secret);
+        if done(&list) {
+            return start.elapsed();
+        }
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}; last answer: {list:#}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Scrapes `addr` until its page holds every line of `want` (or panics after 3 s with
+/// the cluster lines of the last page).
+fn scrape_until(addr: &str, want: &[&str]) {
+    let start = Instant::now();
+    loop {
+        let text = scrape(addr);
+        if want.iter().all(|line| text.lines().any(|l| l == *line)) {
+            return;
+        }
+        let cluster: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("fallow_cluster") || l.starts_with("fallow_gossip"))
+            .collect();
+        assert!(start.elapsed() < Duration::from_secs(3), "want {want:?}, got {cluster:#?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The body of `GET /metrics` on `addr`.
+fn scrape(addr: &str) -> String {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(stream, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    text
+}
+
+#[test]
+fn a_killed_node_is_seen_dead_within_a_second_and_alive_after_a_restart() {
+    let dir = TempDir::new("cluster");
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "cluster-test-secret-0123456789abcdef\n").unwrap();
+    let addrs: Vec<Addrs> = (0..3)
+        .map(|_| Addrs {
+            listen: format!("127.0.0.1:{}", free_port()),
+            gossip: format!("127.0.0.1:{}", free_udp_port()),
+        })
+        .collect();
+    let (a, b, c) = (&addrs[0], &addrs[1], &addrs[2]);
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let _node_a = start(a, &[b, c], &secret, &["--metrics", &metrics]);
+    let mut node_b = start(b, &[a, c], &secret, &[]);
+    let _node_c = start(c, &[a, b], &secret, &[]);
+
+    let took = wait_for(&a.listen, &secret, "three alive members", Duration::from_secs(10), |l| {
+        l["alive"] == 3
+    });
+    println!("three nodes converged {took:?} after the last one logged its address");
+    let list = members(&a.listen, &secret);
+    let (_, generation) = member(&list, &b.listen).unwrap();
+    let b_entry = list["members"].as_array().unwrap().iter().find(|m| m["id"] == b.listen);
+    assert_eq!(b_entry.unwrap()["lendable_bytes"], 16u64 << 20);
+
+    // Let the detector learn the pace of news, then kill b without warning.
+    std::thread::sleep(Duration::from_secs(1));
+    node_b.kill();
+    let detected = wait_for(&c.listen, &secret, "b dead on c", Duration::from_secs(5), |l| {
+        member(l, &b.listen).is_some_and(|(state, _)| state == "dead")
+    });
+    println!("SIGKILLed node seen dead by `stat --cluster` on another node after {detected:?}");
+    assert!(detected < Duration::from_secs(2), "detection took {detected:?}");
+
+    scrape_until(
+        &metrics,
+        &[
+            "fallow_cluster_members{state=\"dead\"} 1",
+            "fallow_cluster_member_events{event=\"failed\"} 1",
+        ],
+    );
+
+    let restarted = Instant::now();
+    let _node_b = start(b, &[a, c], &secret, &[]);
+    let back = wait_for(&c.listen, &secret, "b alive again", Duration::from_secs(5), |l| {
+        member(l, &b.listen).is_some_and(|(state, g)| state == "alive" && g > generation)
+    });
+    println!(
+        "restarted node alive again {back:?} after it logged its address ({:?} after its start)",
+        restarted.elapsed()
+    );
+    scrape_until(
+        &metrics,
+        &["fallow_cluster_members{state=\"alive\"} 3", "fallow_gossip_rejected_datagrams 0"],
+    );
+}
+
+#[test]
+fn a_node_without_gossip_says_it_is_not_in_a_cluster() {
+    let dir = TempDir::new("cluster-alone");
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "cluster-test-secret-0123456789abcdef\n").unwrap();
+    let s = secret.to_str().unwrap();
+    let (_node, addr) = start_node(
+        &["--listen", "127.0.0.1:0", "--lend", "16M", "--secret-file", s],
+        START_TIMEOUT,
+    );
+    let out = support::fallow()
+        .args(["stat", "--cluster", "--node", &addr, "--secret-file", s])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("not in a cluster"), "{out:?}");
+    let unix = format!("unix:{}", dir.path().join("node.sock").display());
+    let bad = support::fallow()
+        .args(["node", "--listen", &unix, "--join", "127.0.0.1:1", "--secret-file", s])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && err.contains("TCP --listen"), "{err}");
+}
