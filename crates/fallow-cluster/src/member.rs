@@ -27,32 +27,7 @@ pub(crate) mod keys {
     pub const LEAVING: &str = "leaving";
 }
 
-/// Whether a member can be used.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum MemberState {
-    /// Live and heard of recently.
-    Alive,
-    /// Live for the failure detector, but silent for longer than `suspect_after`. Either
-    /// it recovers (back to `Alive`) or the detector declares it `Dead`.
-    Suspect,
-    /// Declared failed by the detector, or left. A dead member that is heard of again (a
-    /// healed partition) becomes `Alive`; a restart shows as a new generation.
-    Dead,
-}
-
-impl MemberState {
-    /// Every state, in code order.
-    pub const ALL: [MemberState; 3] = [MemberState::Alive, MemberState::Suspect, MemberState::Dead];
-
-    /// A lower-case name for logs, metrics labels and JSON.
-    pub fn name(self) -> &'static str {
-        match self {
-            MemberState::Alive => "alive",
-            MemberState::Suspect => "suspect",
-            MemberState::Dead => "dead",
-        }
-    }
-}
+pub use fallow_core::MemberState;
 
 /// One member of the cluster, as this member sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -14,12 +14,14 @@
 
 mod key;
 mod listen;
+mod member;
 mod pool;
 mod store;
 mod store_async;
 
 pub use key::{ObjectId, PageIndex, PageKey, PoolId};
 pub use listen::{prepare_unix_socket, ListenAddr};
+pub use member::MemberState;
 pub use pool::{DedupScope, PoolKind, PoolSpec, Sharing, TrustDomain};
 pub use store::{check_batch, check_page, Lookup, NotStored, PageStore, PutOutcome, StoreError};
 pub use store_async::AsyncPageStore;

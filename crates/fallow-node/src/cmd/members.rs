@@ -2,8 +2,7 @@
 //! does not gossip answers with no entries. Any authenticated client may ask: every
 //! holder of the secret may gossip anyway, so the list is no secret from it.
 
-use fallow_cluster::MemberState as State;
-use fallow_proto::fallow::{MemberInfo, MemberState, Reply};
+use fallow_proto::fallow::{MemberInfo, Reply};
 
 use crate::node::Node;
 
@@ -15,11 +14,7 @@ pub(super) fn list(node: &Node) -> Reply {
         .members()
         .into_iter()
         .map(|m| MemberInfo {
-            state: match m.state {
-                State::Alive => MemberState::Alive,
-                State::Suspect => MemberState::Suspect,
-                State::Dead => MemberState::Dead,
-            },
+            state: m.state,
             local: m.local,
             addr: m.addr,
             generation: m.generation,

@@ -23,36 +23,7 @@ pub const MAX_MEMBERS: usize = 3000;
 /// Flag bit: this entry is the answering node itself.
 const FLAG_LOCAL: u8 = 0x01;
 
-/// Whether a member can be used, as the answering node's failure detector says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum MemberState {
-    /// Live and heard of recently.
-    Alive = 0,
-    /// Live, but silent for longer than the node's suspicion time.
-    Suspect = 1,
-    /// Declared failed, or left.
-    Dead = 2,
-}
-
-impl MemberState {
-    /// Every state, in code order.
-    pub const ALL: [MemberState; 3] = [MemberState::Alive, MemberState::Suspect, MemberState::Dead];
-
-    /// The state with this code, if any.
-    pub fn from_code(code: u8) -> Option<MemberState> {
-        MemberState::ALL.into_iter().find(|s| *s as u8 == code)
-    }
-
-    /// A lower-case name for output.
-    pub fn name(self) -> &'static str {
-        match self {
-            MemberState::Alive => "alive",
-            MemberState::Suspect => "suspect",
-            MemberState::Dead => "dead",
-        }
-    }
-}
+pub use fallow_core::MemberState;
 
 /// One entry of a MEMBERS reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
