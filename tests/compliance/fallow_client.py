@@ -14,6 +14,7 @@ no reconnects.
 
 import hashlib
 import hmac
+import ipaddress
 import os
 import socket
 import struct
@@ -47,6 +48,7 @@ OP_PUT = 0x20
 OP_GET = 0x21
 OP_TAKE = 0x22
 OP_STATS = 0x30
+OP_MEMBERS = 0x31
 
 # --- Status codes ---------------------------------------------------------------------------
 
@@ -91,6 +93,15 @@ NOT_STORED_OVER_QUOTA = 2
 # CREATE_POOL flag bits.
 FLAG_COMPRESS = 1
 FLAG_QUOTA = 2
+
+# MEMBERS (section 4.6): entry layout, member states, entry flags.
+MEMBER_ENTRY_LEN = 56
+MAX_MEMBERS = 3000
+MEMBER_ALIVE = 0
+MEMBER_SUSPECT = 1
+MEMBER_DEAD = 2
+MEMBER_STATES = {MEMBER_ALIVE: "alive", MEMBER_SUSPECT: "suspect", MEMBER_DEAD: "dead"}
+MEMBER_FLAG_LOCAL = 0x01
 
 
 def status_name(code):
@@ -199,6 +210,64 @@ def parse_stats(body):
     if at != len(body):
         raise ProtocolError("STATS reply: %d bytes after the last entry" % (len(body) - at))
     return entries
+
+
+def parse_members(body):
+    """A MEMBERS reply body as a list of dicts (id, state, local, ip, port, generation,
+    lendable_bytes, free_bytes, age_ms), in the node's order. Raises ProtocolError on
+    anything section 4.6 does not allow."""
+    if len(body) < 2:
+        raise ProtocolError("MEMBERS reply of %d bytes, shorter than its count" % len(body))
+    (count,) = struct.unpack_from("<H", body, 0)
+    if count > MAX_MEMBERS:
+        raise ProtocolError("MEMBERS count %d over %d" % (count, MAX_MEMBERS))
+    at, members = 2, []
+    for n in range(count):
+        if len(body) < at + MEMBER_ENTRY_LEN:
+            raise ProtocolError("MEMBERS entry %d cut short" % n)
+        state, flags, family, id_len = body[at : at + 4]
+        ip = bytes(body[at + 4 : at + 20])
+        port, reserved = struct.unpack_from("<HH", body, at + 20)
+        generation, lendable, free, age_ms, reserved2 = struct.unpack_from(
+            "<QQQII", body, at + 24)
+        if state not in MEMBER_STATES:
+            raise ProtocolError("MEMBERS entry %d: state %d" % (n, state))
+        if flags & ~MEMBER_FLAG_LOCAL:
+            raise ProtocolError("MEMBERS entry %d: flags 0x%02x" % (n, flags))
+        if family == 4:
+            if any(ip[4:]):
+                raise ProtocolError("MEMBERS entry %d: IPv4 address not padded with zeros" % n)
+            address = str(ipaddress.IPv4Address(ip[:4]))
+        elif family == 6:
+            address = str(ipaddress.IPv6Address(ip))
+        else:
+            raise ProtocolError("MEMBERS entry %d: address family %d" % (n, family))
+        if id_len == 0:
+            raise ProtocolError("MEMBERS entry %d: empty id" % n)
+        if reserved or reserved2:
+            raise ProtocolError("MEMBERS entry %d: reserved bytes not zero" % n)
+        if len(body) < at + MEMBER_ENTRY_LEN + id_len:
+            raise ProtocolError("MEMBERS entry %d: id cut short" % n)
+        raw_name = bytes(body[at + MEMBER_ENTRY_LEN : at + MEMBER_ENTRY_LEN + id_len])
+        try:
+            name = raw_name.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ProtocolError("MEMBERS entry %d: id is not UTF-8" % n) from None
+        members.append({
+            "id": name,
+            "state": state,
+            "local": bool(flags & MEMBER_FLAG_LOCAL),
+            "ip": address,
+            "port": port,
+            "generation": generation,
+            "lendable_bytes": lendable,
+            "free_bytes": free,
+            "age_ms": age_ms,
+        })
+        at += MEMBER_ENTRY_LEN + id_len
+    if at != len(body):
+        raise ProtocolError("MEMBERS reply: %d bytes after the last entry" % (len(body) - at))
+    return members
 
 
 # --- The client -----------------------------------------------------------------------------
@@ -383,6 +452,10 @@ class Client:
     def stats(self):
         """Every counter, as a dict name -> value."""
         return dict(parse_stats(self.call(OP_STATS, b"")))
+
+    def members(self):
+        """The cluster as the node sees it (parse_members); empty when it does not gossip."""
+        return parse_members(self.call(OP_MEMBERS, b""))
 
     # Helpers.
 

@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
 """Checks a running fallow node against docs/protocol.md with an independent client.
 
-    python3 tests/compliance/protocol_check.py --addr 127.0.0.1:7400 --secret-file SECRET
+    python3 tests/compliance/protocol_check.py --addr 127.0.0.1:7400 --secret-file SECRET \
+        [--members N]
+
+--members N: the node gossips and lists N members (itself included); without it, any
+answer that follows the layout passes.
 
 Runs a scripted session (handshake, pools, batched page operations, invalidation, STATS,
-error statuses, pool visibility between client ids, refused handshakes) and exits 0 when
+MEMBERS, error statuses, pool visibility between client ids, refused handshakes) and exits 0 when
 every result matches the document, or 1 with a message naming the first mismatch. It
 creates its own pools under fresh random client ids and leaves the node as it found it,
 apart from counters.
@@ -68,8 +72,9 @@ def ok(what):
 
 
 class Check:
-    def __init__(self, host, port, secret):
+    def __init__(self, host, port, secret, members=None):
         self.host, self.port, self.secret = host, port, secret
+        self.expected_members = members
 
     def client(self, client_id=None):
         return Client.connect(self.host, self.port, self.secret, client_id=client_id,
@@ -88,6 +93,7 @@ class Check:
         self.batches_over_max_batch(a)
         self.quota_and_specs(a)
         self.stats(a, pool)
+        self.members(a)
         self.errors_keep_the_connection(a)
         self.visibility(a, pool)
         self.shared_pool(a)
@@ -190,6 +196,30 @@ class Check:
         expect(stats[prefix + "persistent"] == 1, "pool.%d.persistent is 1" % pool)
         expect(stats["connections"] >= 1 and stats["pools"] >= 1, "connections, pools >= 1")
         ok("STATS: %d entries, every documented name present" % len(stats))
+
+    def members(self, a):
+        members = a.members()
+        if self.expected_members is not None:
+            expect(len(members) == self.expected_members,
+                   "MEMBERS lists %d members, expected %d" % (len(members), self.expected_members))
+        ids = [m["id"] for m in members]
+        expect(ids == sorted(ids) and len(set(ids)) == len(ids),
+               "MEMBERS entries sorted by id, one per name: %r" % ids)
+        local = [m for m in members if m["local"]]
+        if members:
+            expect(len(local) == 1, "exactly one entry flagged as the answering node: %r" % local)
+            me = local[0]
+            expect((me["ip"], me["port"]) == (self.host, self.port),
+                   "the local entry's address %s:%d is the one connected to, %s:%d"
+                   % (me["ip"], me["port"], self.host, self.port))
+            expect(me["state"] == fc.MEMBER_ALIVE and me["age_ms"] == 0,
+                   "the answering node is alive, heard of 0 ms ago: %r" % me)
+            expect(0 < me["lendable_bytes"] and me["free_bytes"] <= me["lendable_bytes"],
+                   "0 < free <= lendable: %r" % me)
+            expect(me["generation"] > 0, "a generation: %r" % me)
+        expect_status(fc.MALFORMED, "MEMBERS with a body", a.call, fc.OP_MEMBERS, b"x")
+        ok("MEMBERS: %d member(s)%s; a body is MALFORMED" % (
+            len(members), ", the answering node flagged, alive" if members else ""))
 
     def errors_keep_the_connection(self, a):
         rid = a.send(0x7F, b"anything")
@@ -340,11 +370,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--addr", required=True, help="the node's HOST:PORT")
     parser.add_argument("--secret-file", required=True, help="the shared secret's file")
+    parser.add_argument("--members", type=int, help="how many members MEMBERS must list")
     args = parser.parse_args()
     host, _, port = args.addr.rpartition(":")
     if not host or not port.isdigit():
         parser.error("--addr must be HOST:PORT, not %r" % args.addr)
-    check = Check(host.strip("[]"), int(port), fc.read_secret(args.secret_file))
+    check = Check(host.strip("[]"), int(port), fc.read_secret(args.secret_file), args.members)
     try:
         check.run()
     except Mismatch as err:

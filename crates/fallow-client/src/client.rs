@@ -2,7 +2,7 @@
 //! the node's batch limit, and one retry of idempotent requests on a fresh connection.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -13,7 +13,7 @@ use fallow_proto::fallow::{MemberInfo, Op, PageRef, Reply, Request, Status};
 use parking_lot::Mutex;
 
 use crate::conn::Conn;
-use crate::{ClientConfig, ClientError, NodeStats};
+use crate::{ClientConfig, ClientError, NodeRestart, NodeStats};
 
 /// A client of one node. Cheap to clone (clones share connections); every method takes
 /// `&self`, so any number of requests can be in flight at once, pipelined on the
@@ -33,6 +33,9 @@ struct Inner {
     config: ClientConfig,
     slots: Vec<Slot>,
     next: AtomicUsize,
+    /// The node id the first connection saw: a later connection that sees another one
+    /// reached a restarted node ([`NodeRestart`]).
+    first_node_id: OnceLock<u128>,
 }
 
 /// One connection, replaced when it fails.
@@ -67,7 +70,9 @@ impl Client {
         let slots = (0..config.connections.max(1))
             .map(|_| Slot { current: Mutex::new(None), connecting: tokio::sync::Mutex::new(()) })
             .collect();
-        let client = Client { inner: Arc::new(Inner { config, slots, next: AtomicUsize::new(0) }) };
+        let inner =
+            Inner { config, slots, next: AtomicUsize::new(0), first_node_id: OnceLock::new() };
+        let client = Client { inner: Arc::new(inner) };
         client.conn_at(0).await?;
         Ok(client)
     }
@@ -97,13 +102,20 @@ impl Client {
             return Ok(conn.clone());
         }
         let conn = Conn::open(&self.inner.config).await?;
+        let first = *self.inner.first_node_id.get_or_init(|| conn.node_id);
+        if first != conn.node_id && self.inner.config.on_restart == NodeRestart::Refuse {
+            conn.close();
+            return Err(ClientError::NodeRestarted { expected: first, found: conn.node_id });
+        }
         tracing::debug!(endpoint = %self.inner.config.endpoint, slot = i, "connected");
         *slot.current.lock() = Some(conn.clone());
         Ok(conn)
     }
 
     /// Sends a request and parses its reply; retries once on a fresh connection when the
-    /// connection failed and the op allows it.
+    /// connection failed and the op allows it. A timeout is not retried: the request has
+    /// had its time, and a node that does not answer is likely gone (a retry would double
+    /// the wait).
     async fn request(&self, request: &Request, keys: usize) -> Result<Reply, ClientError> {
         let op = request.op();
         let mut attempts = if retryable(op) { 2 } else { 1 };
@@ -119,7 +131,11 @@ impl Client {
                         ClientError::Protocol(format!("bad {} reply: {e}", op.name()))
                     });
                 }
-                Err(err) if attempts > 0 && err.is_connection_error() => {
+                Err(err)
+                    if attempts > 0
+                        && err.is_connection_error()
+                        && !matches!(err, ClientError::Timeout(_)) =>
+                {
                     tracing::debug!(%err, op = op.name(), "retrying on a fresh connection");
                 }
                 Err(err) => return Err(err),

@@ -62,6 +62,22 @@ pub struct ClientConfig {
     pub timeout: Duration,
     /// How long connecting and the handshake may take.
     pub connect_timeout: Duration,
+    /// What to do when a reconnection finds a restarted node (another node id).
+    pub on_restart: NodeRestart,
+}
+
+/// What a [`crate::Client`] does when a new connection reaches a node whose id differs
+/// from the one its first connection saw: the node restarted, and every pool (and pool
+/// id) of its earlier run is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeRestart {
+    /// Use the new run as if nothing happened (requests naming old pools fail with
+    /// `UnknownPool`, or reach a new pool that reused the id).
+    Reconnect,
+    /// Refuse it: the connection is closed and the request fails with
+    /// [`crate::ClientError::NodeRestarted`]. A cluster client uses this, because it maps
+    /// its own pools to each node's pool ids and must never send an old id to a new run.
+    Refuse,
 }
 
 impl fmt::Debug for ClientConfig {
@@ -74,6 +90,7 @@ impl fmt::Debug for ClientConfig {
             .field("connections", &self.connections)
             .field("timeout", &self.timeout)
             .field("connect_timeout", &self.connect_timeout)
+            .field("on_restart", &self.on_restart)
             .finish_non_exhaustive()
     }
 }
@@ -91,6 +108,7 @@ impl ClientConfig {
             connections: 1,
             timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
+            on_restart: NodeRestart::Reconnect,
         })
     }
 
@@ -112,6 +130,12 @@ impl ClientConfig {
         self
     }
 
+    /// Sets what happens when a reconnection finds that the node restarted.
+    pub fn on_restart(mut self, on_restart: NodeRestart) -> Self {
+        self.on_restart = on_restart;
+        self
+    }
+
     /// Sets the client id (to reach the private pools of an earlier run).
     pub fn client_id(mut self, id: u128) -> Self {
         self.client_id = id;
@@ -125,7 +149,7 @@ impl ClientConfig {
     }
 }
 
-fn default_name() -> String {
+pub(crate) fn default_name() -> String {
     let exe = std::env::current_exe().ok();
     let program =
         exe.as_ref().and_then(|p| p.file_name()).and_then(|n| n.to_str()).unwrap_or("client");

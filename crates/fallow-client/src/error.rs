@@ -66,6 +66,15 @@ pub enum ClientError {
     /// The node sent something the protocol does not allow.
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// A new connection found a restarted node (another node id) and the client was
+    /// configured to refuse it ([`crate::NodeRestart::Refuse`]).
+    #[error("the node restarted (node id {found:#034x}, was {expected:#034x})")]
+    NodeRestarted {
+        /// The node id of the first connection.
+        expected: u128,
+        /// The node id the new connection found.
+        found: u128,
+    },
 }
 
 impl ClientError {

@@ -23,10 +23,13 @@
 //! [`Client`]: the async client (cheap to clone; methods take `&self`, so many requests can
 //! be in flight at once). `conn`: one connection (handshake, pipelining, replies matched by
 //! id). [`BlockingClient`]: the [`fallow_core::PageStore`] for synchronous callers.
-//! [`ClientError`]: every way a request can fail.
+//! [`ClientError`]: every way a request can fail. [`ClusterClient`] (`cluster/`): many
+//! nodes as one pool: placement by weighted rendezvous hashing, a summary of where each
+//! page went, node failures turned into misses.
 
 mod blocking;
 mod client;
+mod cluster;
 mod config;
 mod conn;
 mod error;
@@ -34,7 +37,10 @@ mod stats;
 
 pub use blocking::BlockingClient;
 pub use client::Client;
-pub use config::{ClientConfig, Endpoint};
+pub use cluster::{
+    ClusterClient, ClusterClientConfig, ClusterError, ClusterNode, NodeState, SummaryStats,
+};
+pub use config::{ClientConfig, Endpoint, NodeRestart};
 pub use error::ClientError;
 pub use fallow_proto::fallow::{MemberInfo, MemberState};
 pub use stats::NodeStats;

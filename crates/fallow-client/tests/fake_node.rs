@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use fallow_client::{Client, ClientConfig, ClientError};
+use fallow_client::{Client, ClientConfig, ClientError, NodeRestart};
 use fallow_core::{PageKey, PoolId, PAGE_SIZE};
 use fallow_proto::fallow::auth::Transcript;
 use fallow_proto::fallow::frame::decode;
@@ -30,12 +30,17 @@ async fn next(stream: &mut TcpStream, input: &mut BytesMut) -> Option<(u64, Requ
 
 /// Answers HELLO and AUTH like a node holding `secret`.
 async fn handshake(stream: &mut TcpStream, input: &mut BytesMut, secret: &[u8]) {
+    handshake_as(stream, input, secret, 5).await;
+}
+
+/// [`handshake`] as the node run `node_id`.
+async fn handshake_as(stream: &mut TcpStream, input: &mut BytesMut, secret: &[u8], node_id: u128) {
     let (id, Request::Hello(hello)) = next(stream, input).await.unwrap() else {
         panic!("no hello")
     };
     let challenge = [9u8; 32];
     let mut out = BytesMut::new();
-    Reply::Hello(HelloReply { version: 1, max_batch: 4, node_id: 5, challenge }).encode(
+    Reply::Hello(HelloReply { version: 1, max_batch: 4, node_id, challenge }).encode(
         Op::Hello,
         id,
         &mut out,
@@ -185,6 +190,37 @@ async fn garbage_from_the_node_is_a_protocol_error_not_a_panic() {
     let client = Client::connect(config(&addr)).await.unwrap();
     let err = client.take(PageKey::new(PoolId(1), 0, 0)).await.unwrap_err();
     assert!(matches!(err, ClientError::Protocol(_)), "{err}");
+    drop(client);
+    node.await.unwrap();
+}
+
+#[tokio::test]
+async fn a_restarted_node_is_refused_when_the_config_says_so() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    // Each client meets run 5, which hangs up, then run 6 (a restart), which answers.
+    let node = tokio::spawn(async move {
+        for node_id in [5, 6, 5, 6] {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut input = BytesMut::new();
+            handshake_as(&mut stream, &mut input, SECRET, node_id).await;
+            if node_id == 5 {
+                continue;
+            }
+            let Some((id, Request::Ping)) = next(&mut stream, &mut input).await else { continue };
+            let mut out = BytesMut::new();
+            Reply::Empty.encode(Op::Ping, id, &mut out);
+            stream.write_all(&out).await.unwrap();
+            let _ = next(&mut stream, &mut input).await;
+        }
+    });
+    let refusing = Client::connect(config(&addr).on_restart(NodeRestart::Refuse)).await.unwrap();
+    let err = refusing.ping().await.unwrap_err();
+    assert!(matches!(err, ClientError::NodeRestarted { expected: 5, found: 6 }), "{err}");
+    drop(refusing);
+    let client = Client::connect(config(&addr)).await.unwrap();
+    client.ping().await.unwrap();
+    assert_eq!(client.node_id().await.unwrap(), 6);
     drop(client);
     node.await.unwrap();
 }

@@ -1,5 +1,5 @@
-//! The in-process engine and a remote node behave the same through `AsyncPageStore`, the
-//! trait an NBD export uses to cache in either.
+//! The in-process engine, a remote node and a one-node cluster behave the same through
+//! `AsyncPageStore`, the trait an NBD export uses to cache in any of them.
 
 mod support;
 
@@ -43,6 +43,13 @@ async fn engine_and_remote_node_agree() {
     let client = fallow_client::Client::connect(node.config()).await.unwrap();
     let remote = exercise(&client).await;
     assert_eq!(local, remote);
+    // A cluster client of a one-node cluster: persistent pools are allowed there.
+    let config =
+        fallow_client::ClusterClientConfig::new(&node.addr.to_string(), support::SECRET.to_vec())
+            .unwrap()
+            .timeout(std::time::Duration::from_secs(10));
+    let cluster = fallow_client::ClusterClient::connect(config).await.unwrap();
+    assert_eq!(exercise(&cluster).await, local);
     assert_eq!(
         local,
         [

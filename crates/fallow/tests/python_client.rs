@@ -1,6 +1,7 @@
 //! The node protocol checked by an independent client: `tests/compliance/protocol_check.py`
 //! drives a Python client written from `docs/protocol.md` alone against the real
-//! `fallow node` binary. Skipped, with a message, when python3 is missing.
+//! `fallow node` binary, gossiping on its own (so MEMBERS lists it). Skipped, with a
+//! message, when python3 is missing.
 
 mod support;
 
@@ -55,14 +56,23 @@ fn python_client_written_from_the_spec_passes_against_a_real_node() {
     assert_eq!(secret_text.len(), 32);
     std::fs::write(&secret, &secret_text).unwrap();
     let (mut node, addr) = support::start_node(
-        &["--listen", "127.0.0.1:0", "--lend", "64M", "--secret-file", secret.to_str().unwrap()],
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--gossip",
+            "127.0.0.1:0",
+            "--lend",
+            "64M",
+            "--secret-file",
+            secret.to_str().unwrap(),
+        ],
         START_TIMEOUT,
     );
 
     let script =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/compliance/protocol_check.py");
     let mut check = Command::new("python3");
-    check.arg(&script).args(["--addr", &addr, "--secret-file"]).arg(&secret);
+    check.arg(&script).args(["--addr", &addr, "--members", "1", "--secret-file"]).arg(&secret);
     // Leaves no __pycache__ in the source tree.
     check.env("PYTHONDONTWRITEBYTECODE", "1");
     let (status, output) = run_bounded(check, dir.path(), CHECK_TIMEOUT);

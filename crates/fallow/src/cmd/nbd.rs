@@ -22,8 +22,8 @@ use fallow_pool::{Engine, EngineBuilder};
 /// (`rados:POOL/PREFIX[,size=SIZE][,conf=PATH][,user=NAME][,namespace=NS]`: `size=`
 /// creates it if missing; the configuration defaults to $CEPH_CONF, then
 /// /etc/ceph/ceph.conf, and the user to admin). Reads go to the local tier, then the pool
-/// (`--pool local:SIZE` for one in this process, or `fallow://HOST:PORT` for a node, with
-/// `--secret-file`), then the backing store; writes go through to the backing store before
+/// (`--pool local:SIZE` for one in this process, or `fallow://HOST:PORT` for a node or
+/// `fallow://A,B,C` for a cluster, with `--secret-file`), then the backing store; writes go through to the backing store before
 /// they are acknowledged. Connect with any NBD client, e.g.
 /// `qemu-img info nbd://127.0.0.1:10809/NAME`.
 #[derive(Debug, Args)]
@@ -37,7 +37,9 @@ pub struct NbdArgs {
     #[arg(long, value_name = "ADDR")]
     listen: Vec<ListenAddr>,
     /// The pool behind the local tier: local:SIZE (in this process), fallow://HOST:PORT (a
-    /// node), or none.
+    /// node, or the cluster it is a member of), fallow://HOST:PORT,HOST:PORT,... (a
+    /// cluster, through any of these seeds), or none. In a cluster, pages are spread over
+    /// the live nodes and a node that dies costs misses, never errors.
     #[arg(long, value_name = "POOL", default_value = "none")]
     pool: String,
     /// The shared secret, for a fallow:// pool.
@@ -188,18 +190,36 @@ async fn open_pool(args: &NbdArgs) -> anyhow::Result<Option<OpenedPool>> {
             bail!("--pool {} needs --secret-file", args.pool);
         };
         let secret = fallow_node::config::read_secret(secret_file).map_err(anyhow::Error::msg)?;
-        let config =
-            fallow_client::ClientConfig::new(&args.pool, secret)?.name("fallow-nbd").connections(2);
-        Arc::new(
-            fallow_client::Client::connect(config)
-                .await
-                .with_context(|| format!("pool {}", args.pool))?,
-        )
+        open_remote(&args.pool, secret).await.with_context(|| format!("pool {}", args.pool))?
     } else {
-        bail!("--pool {:?}: expected none, local:SIZE or fallow://HOST:PORT", args.pool);
+        bail!(
+            "--pool {:?}: expected none, local:SIZE, fallow://HOST:PORT or fallow://A,B,...",
+            args.pool
+        );
     };
     let pool = store.create_pool(&PoolSpec::ephemeral()).await?;
     Ok(Some(OpenedPool { store, pool, engine }))
+}
+
+/// Connects to `fallow://…`: a cluster client for a list of seeds, or for one node that
+/// gossips with live peers; a plain client for a node alone.
+async fn open_remote(pool: &str, secret: Vec<u8>) -> anyhow::Result<Arc<dyn AsyncPageStore>> {
+    use fallow_client::{Client, ClientConfig, ClusterClient, ClusterClientConfig, MemberState};
+    if !pool.contains(',') {
+        let config = ClientConfig::new(pool, secret.clone())?.name("fallow-nbd").connections(2);
+        let client = Client::connect(config).await?;
+        // A node too old to know MEMBERS, or one that does not gossip, is used alone.
+        let members = client.members().await.unwrap_or_default();
+        let live = members.iter().filter(|m| m.state != MemberState::Dead).count();
+        if live <= 1 {
+            tracing::info!(node = pool, "caching in one node");
+            return Ok(Arc::new(client));
+        }
+    }
+    let config = ClusterClientConfig::new(pool, secret)?.name("fallow-nbd").connections(2);
+    let cluster = ClusterClient::connect(config).await?;
+    tracing::info!(nodes = cluster.nodes().len(), "caching in a cluster");
+    Ok(Arc::new(cluster))
 }
 
 /// Lets the server's metrics (and so `fallow stat --nbd`) show the memory of a pool engine

@@ -1,0 +1,206 @@
+//! How a [`crate::ClusterClient`] finds the cluster and how quickly it gives up on a node.
+
+use std::fmt;
+use std::time::Duration;
+
+use fallow_core::{PoolId, StoreError};
+
+use crate::{ClientConfig, ClientError, Endpoint, NodeRestart};
+
+/// Seeds, secret and timeouts of a cluster client.
+#[derive(Clone)]
+pub struct ClusterClientConfig {
+    /// Nodes to ask for the cluster's members (any one live node is enough). A seed that
+    /// does not gossip makes the seeds themselves the cluster, without failure detection
+    /// beyond this client's own.
+    pub seeds: Vec<Endpoint>,
+    /// The shared cluster secret.
+    pub secret: Vec<u8>,
+    /// This client's identity on every node (its private pools there belong to it).
+    pub client_id: u128,
+    /// A name for the nodes' logs.
+    pub name: String,
+    /// Connections per node.
+    pub connections: usize,
+    /// How long a request to one node may wait for its reply. Short: a node that does not
+    /// answer in time costs misses, and is skipped until it answers a ping again.
+    pub timeout: Duration,
+    /// How long connecting to a node (and the handshake) may take.
+    pub connect_timeout: Duration,
+    /// How often the members are asked again (and unreachable nodes pinged). A failed
+    /// request also triggers a refresh at once.
+    pub refresh_interval: Duration,
+}
+
+impl fmt::Debug for ClusterClientConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The secret is never printed.
+        f.debug_struct("ClusterClientConfig")
+            .field("seeds", &self.seeds)
+            .field("client_id", &format_args!("{:032x}", self.client_id))
+            .field("name", &self.name)
+            .field("connections", &self.connections)
+            .field("timeout", &self.timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("refresh_interval", &self.refresh_interval)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClusterClientConfig {
+    /// A config for the cluster reached through `seeds`: `A,B,C` or `fallow://A,B,C`, each
+    /// `HOST:PORT` or `unix:PATH`. Defaults: a random client id, one connection per node,
+    /// 250 ms request and connect timeouts, members asked every 250 ms.
+    pub fn new(seeds: &str, secret: impl Into<Vec<u8>>) -> Result<Self, ClientError> {
+        let list = seeds.strip_prefix("fallow://").unwrap_or(seeds);
+        let seeds = list.split(',').map(Endpoint::parse).collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            seeds,
+            secret: secret.into(),
+            client_id: rand::random(),
+            name: crate::config::default_name(),
+            connections: 1,
+            timeout: Duration::from_millis(250),
+            connect_timeout: Duration::from_millis(250),
+            refresh_interval: Duration::from_millis(250),
+        })
+    }
+
+    /// Sets the number of connections per node (at least 1).
+    pub fn connections(mut self, n: usize) -> Self {
+        self.connections = n.max(1);
+        self
+    }
+
+    /// Sets the request timeout per node.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sets the connect and handshake timeout.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Sets how often members are asked again.
+    pub fn refresh_interval(mut self, every: Duration) -> Self {
+        self.refresh_interval = every;
+        self
+    }
+
+    /// Sets the client id.
+    pub fn client_id(mut self, id: u128) -> Self {
+        self.client_id = id;
+        self
+    }
+
+    /// Sets the name shown in the nodes' logs.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// The config of the [`crate::Client`] for one node: it refuses a restarted node, whose
+    /// pool ids no longer mean what this client thinks.
+    pub(crate) fn node(&self, endpoint: Endpoint) -> ClientConfig {
+        ClientConfig {
+            endpoint,
+            secret: self.secret.clone(),
+            client_id: self.client_id,
+            name: self.name.clone(),
+            connections: self.connections,
+            timeout: self.timeout,
+            connect_timeout: self.connect_timeout,
+            on_restart: NodeRestart::Refuse,
+        }
+    }
+}
+
+/// A failed cluster-client operation. For an ephemeral pool a node that fails or cannot
+/// be reached is never an error (its pages are misses, puts to it are not stored); these
+/// are misuse, refusals, and failures of persistent pools.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// No seed could be reached, or none accepted this client.
+    #[error("no seed node answered: {0}")]
+    NoNodeReachable(#[source] ClientError),
+    /// The pool does not exist (never created by this client, or destroyed).
+    #[error("unknown {0}")]
+    UnknownPool(PoolId),
+    /// A buffer that is not one page per key.
+    #[error("buffer of {got} bytes where {expected} were expected")]
+    BadLength {
+        /// The length passed.
+        got: usize,
+        /// The length needed.
+        expected: usize,
+    },
+    /// Persistent pools are not replicated yet: losing the node would lose pages. They
+    /// are created only when the cluster has exactly one node.
+    #[error(
+        "a persistent pool needs a cluster of exactly one node until pools keep two copies \
+         (the cluster has {nodes})"
+    )]
+    PersistentNeedsOneNode {
+        /// Live nodes in the cluster.
+        nodes: usize,
+    },
+    /// A shared pool with this UUID exists (on a node, or in this client) with other
+    /// options.
+    #[error("shared pool {uuid:#034x} exists with different options")]
+    SharedPoolMismatch {
+        /// The UUID presented.
+        uuid: u128,
+    },
+    /// The node holding a persistent pool died or restarted: the pool and its pages are
+    /// gone.
+    #[error("the node holding persistent {0} is gone")]
+    PoolLost(PoolId),
+    /// A node refused the request (too many pools, an invalid spec), or a persistent
+    /// pool's node failed.
+    #[error(transparent)]
+    Node(#[from] ClientError),
+}
+
+impl From<ClusterError> for StoreError {
+    fn from(err: ClusterError) -> StoreError {
+        match err {
+            ClusterError::UnknownPool(pool) => StoreError::UnknownPool(pool),
+            ClusterError::BadLength { got, expected } => StoreError::BadLength { got, expected },
+            ClusterError::PersistentNeedsOneNode { .. } => StoreError::InvalidSpec(
+                "persistent pools need a one-node cluster until they keep two copies",
+            ),
+            ClusterError::SharedPoolMismatch { uuid } => StoreError::SharedPoolMismatch { uuid },
+            ClusterError::Node(err) => err.into(),
+            other @ (ClusterError::NoNodeReachable(_) | ClusterError::PoolLost(_)) => {
+                StoreError::Unavailable(other.to_string())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seed_lists_parse() {
+        let c = ClusterClientConfig::new("fallow://127.0.0.1:1,127.0.0.1:2,unix:/s", b"x".to_vec())
+            .unwrap();
+        let want = [
+            Endpoint::Tcp("127.0.0.1:1".into()),
+            Endpoint::Tcp("127.0.0.1:2".into()),
+            Endpoint::Unix("/s".into()),
+        ];
+        assert_eq!(c.seeds, want);
+        assert_eq!(ClusterClientConfig::new("h:1", b"x".to_vec()).unwrap().seeds.len(), 1);
+        for bad in ["", "h:1,", "h:1,,h:2", "fallow://"] {
+            assert!(ClusterClientConfig::new(bad, b"x".to_vec()).is_err(), "{bad}");
+        }
+        let node = c.node(want[1].clone());
+        assert_eq!(node.on_restart, NodeRestart::Refuse);
+        assert!(!format!("{c:?}").contains("secret"));
+    }
+}

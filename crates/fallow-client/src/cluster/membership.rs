@@ -1,0 +1,324 @@
+//! Keeping the view true: the refresh asks a node for the members (MEMBERS), adopts new
+//! members (a connection and every pool), retires dead or restarted ones, pings nodes this
+//! client found unreachable, and creates pools that some node still lacks.
+//!
+//! A seed that does not gossip (it answers MEMBERS with no entries, or is too old to know
+//! the request) makes the seeds themselves the cluster: each is a member, always "alive"
+//! for membership, and only this client's own failed requests and pings say otherwise.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use fallow_core::{PoolId, PoolSpec};
+use fallow_proto::fallow::{MemberInfo, MemberState, Status};
+
+use super::client::{unreachable, Inner, ORPHANS_KEPT};
+use super::placement::node_seed;
+use super::summary::Slot;
+use super::view::{Kind, NodeEntry, NodeLink};
+use crate::{Client, ClientError, Endpoint};
+
+/// A member as the refresh needs it.
+#[derive(Debug, Clone)]
+pub(crate) struct Member {
+    id: String,
+    endpoint: Endpoint,
+    generation: u64,
+    state: MemberState,
+    capacity: Option<(u64, u64)>,
+}
+
+/// A newly connected node and the pools made on it (logical id, its id there).
+type Adopted = (Member, Client, u128, Vec<(PoolId, PoolId)>);
+
+/// Pools a node lacks: logical id and spec.
+type Missing = Vec<(PoolId, PoolSpec)>;
+
+impl Inner {
+    /// One refresh: members, adoptions and retirements, pings, missing pools.
+    pub(crate) async fn refresh(&self) {
+        let _admin = self.admin.lock().await;
+        match self.fetch_members().await {
+            Ok(members) => {
+                self.reconcile(members).await;
+            }
+            Err(err) => tracing::debug!(%err, "no node or seed answered MEMBERS"),
+        }
+        self.probe_down().await;
+        self.ensure_pools().await;
+    }
+
+    /// The members, from the first usable node or seed that answers.
+    pub(crate) async fn fetch_members(&self) -> Result<Vec<Member>, ClientError> {
+        let links: Vec<Arc<NodeLink>> = {
+            let view = self.view.read();
+            view.nodes.iter().filter(|n| n.usable()).map(|n| n.link.clone()).collect()
+        };
+        let mut last = None;
+        for link in links {
+            match self.members_from(link.client.members().await) {
+                Ok(members) => return Ok(members),
+                Err(err) => {
+                    if unreachable(&err) {
+                        self.absorb(&link, &err);
+                    }
+                    last = Some(err);
+                }
+            }
+        }
+        for seed in &self.config.seeds {
+            let answer = match Client::connect(self.config.node(seed.clone())).await {
+                Ok(client) => client.members().await,
+                Err(err) => Err(err),
+            };
+            match self.members_from(answer) {
+                Ok(members) => return Ok(members),
+                Err(err) => last = Some(err),
+            }
+        }
+        Err(last.unwrap_or(ClientError::Disconnected))
+    }
+
+    /// A MEMBERS answer as members: the seeds, when the node does not gossip.
+    fn members_from(
+        &self,
+        answer: Result<Vec<MemberInfo>, ClientError>,
+    ) -> Result<Vec<Member>, ClientError> {
+        let list = match answer {
+            Ok(list) => list,
+            Err(ClientError::Refused { status: Status::UnknownOp, .. }) => Vec::new(),
+            Err(err) => return Err(err),
+        };
+        if list.is_empty() {
+            return Ok(self
+                .config
+                .seeds
+                .iter()
+                .map(|seed| Member {
+                    id: seed.to_string(),
+                    endpoint: seed.clone(),
+                    generation: 0,
+                    state: MemberState::Alive,
+                    capacity: None,
+                })
+                .collect());
+        }
+        Ok(list
+            .into_iter()
+            .map(|m| Member {
+                endpoint: Endpoint::Tcp(m.addr.to_string()),
+                id: m.id,
+                generation: m.generation,
+                state: m.state,
+                capacity: Some((m.lendable_bytes, m.free_bytes)),
+            })
+            .collect())
+    }
+
+    /// Brings the view in line with `members`; returns the first error met connecting to
+    /// a new member, if any.
+    pub(crate) async fn reconcile(&self, members: Vec<Member>) -> Option<ClientError> {
+        let (adopt, retire) = {
+            let mut view = self.view.write();
+            let mut retire = Vec::new();
+            for entry in &mut view.nodes {
+                match members.iter().find(|m| m.id == entry.link.id) {
+                    Some(m) if m.generation == entry.generation && m.state != MemberState::Dead => {
+                        entry.state = m.state;
+                        entry.capacity = m.capacity;
+                    }
+                    _ => retire.push(entry.link.slot),
+                }
+            }
+            let adopt: Vec<Member> = members
+                .iter()
+                .filter(|m| m.state != MemberState::Dead)
+                .filter(|m| {
+                    !view.nodes.iter().any(|n| n.link.id == m.id && n.generation == m.generation)
+                })
+                .cloned()
+                .collect();
+            (adopt, retire)
+        };
+        self.retire(&retire, "dead, gone or restarted");
+        let joined = futures::future::join_all(adopt.into_iter().map(|m| self.adopt(m))).await;
+        let mut first_error = None;
+        let mut view = self.view.write();
+        let mut summary = self.summary.lock();
+        for result in joined {
+            let (member, client, node_id, pools) = match result {
+                Ok(adopted) => adopted,
+                Err((id, err)) => {
+                    tracing::debug!(node = %id, %err, "cannot reach a member yet");
+                    first_error = first_error.or(Some(err));
+                    continue;
+                }
+            };
+            let Some(slot) = summary.allocate_slot() else {
+                tracing::warn!(node = %member.id, "every node slot is taken; not using the node");
+                continue;
+            };
+            let link = Arc::new(NodeLink::new(slot, member.id.clone(), client, node_id));
+            for (logical, id) in pools {
+                match view.pools.get_mut(&logical) {
+                    Some(pool) => {
+                        pool.on.insert(slot, id);
+                    }
+                    None => link.orphans.lock().push(id),
+                }
+            }
+            tracing::info!(node = %member.id, slot, "node joined the placement");
+            view.nodes.push(NodeEntry {
+                link,
+                generation: member.generation,
+                seed: node_seed(&member.id),
+                state: member.state,
+                capacity: member.capacity,
+            });
+        }
+        first_error
+    }
+
+    /// Connects to a new member and creates every ephemeral pool there.
+    async fn adopt(&self, member: Member) -> Result<Adopted, (String, ClientError)> {
+        let failed = |err| (member.id.clone(), err);
+        let client =
+            Client::connect(self.config.node(member.endpoint.clone())).await.map_err(failed)?;
+        let node_id = client.node_id().await.map_err(failed)?;
+        // The same run of a node seen again (a healed partition): its old pools go first.
+        let old = self.orphans.lock().remove(&node_id);
+        for pool in old.map(|(_, pools)| pools).unwrap_or_default() {
+            let _ = client.destroy_pool(pool).await;
+        }
+        let specs: Vec<(PoolId, PoolSpec)> = {
+            let view = self.view.read();
+            view.pools
+                .iter()
+                .filter(|(_, p)| p.home.is_none())
+                .map(|(id, p)| (*id, p.spec))
+                .collect()
+        };
+        let mut pools = Vec::new();
+        for (logical, spec) in specs {
+            match client.create_pool(&spec).await {
+                Ok(id) => pools.push((logical, id)),
+                // The next refresh tries again.
+                Err(err) => tracing::debug!(node = %member.id, %err, "creating a pool failed"),
+            }
+        }
+        Ok((member, client, node_id, pools))
+    }
+
+    /// Takes nodes out of the view: their summary entries read as misses from now on,
+    /// and their pools are remembered in case the same run of the node comes back.
+    pub(crate) fn retire(&self, slots: &[Slot], why: &str) {
+        if slots.is_empty() {
+            return;
+        }
+        let mut view = self.view.write();
+        let mut summary = self.summary.lock();
+        let mut orphans = self.orphans.lock();
+        orphans.retain(|_, (since, _)| since.elapsed() < ORPHANS_KEPT);
+        for &slot in slots {
+            let Some(at) = view.nodes.iter().position(|n| n.link.slot == slot) else { continue };
+            let entry = view.nodes.remove(at);
+            summary.retire(slot);
+            let mut pools: Vec<PoolId> = std::mem::take(&mut *entry.link.orphans.lock());
+            pools.extend(view.pools.values_mut().filter_map(|p| p.on.remove(&slot)));
+            orphans.insert(entry.link.node_id, (Instant::now(), pools));
+            tracing::info!(node = %entry.link.id, slot, why, "node left the placement");
+        }
+    }
+
+    /// Pings every node found unreachable; one that answers is used again. Before that,
+    /// pools destroyed while it was away are destroyed there, and its shared pools are
+    /// emptied: other clients may have written keys meanwhile that it holds older copies
+    /// of, and could not invalidate them there.
+    async fn probe_down(&self) {
+        let down: Vec<(Arc<NodeLink>, Vec<PoolId>)> = {
+            let view = self.view.read();
+            view.nodes
+                .iter()
+                .filter(|n| n.link.is_down() && n.state != MemberState::Dead)
+                .map(|n| {
+                    let shared = view
+                        .pools
+                        .values()
+                        .filter(|p| p.kind() == Kind::Shared)
+                        .filter_map(|p| p.on.get(&n.link.slot).copied())
+                        .collect();
+                    (n.link.clone(), shared)
+                })
+                .collect()
+        };
+        let probes = down.iter().map(|(link, shared)| async move {
+            match link.client.ping().await {
+                Ok(_) => {}
+                Err(ClientError::NodeRestarted { .. }) => return Some(link.slot),
+                Err(_) => return None,
+            }
+            let orphans = std::mem::take(&mut *link.orphans.lock());
+            for pool in orphans {
+                let _ = link.client.destroy_pool(pool).await;
+            }
+            for pool in shared {
+                if link.client.invalidate_pool(*pool).await.is_err() {
+                    return None;
+                }
+            }
+            link.mark_up();
+            tracing::info!(node = %link.id, "node answers again");
+            None
+        });
+        let restarted: Vec<Slot> =
+            futures::future::join_all(probes).await.into_iter().flatten().collect();
+        self.retire(&restarted, "restarted");
+    }
+
+    /// Creates every ephemeral pool on the usable nodes that lack it (creation failed
+    /// there earlier, or the node lost it).
+    async fn ensure_pools(&self) {
+        let work: Vec<(Arc<NodeLink>, Missing)> = {
+            let view = self.view.read();
+            view.nodes
+                .iter()
+                .filter(|n| n.usable())
+                .map(|n| {
+                    let missing = view
+                        .pools
+                        .iter()
+                        .filter(|(_, p)| p.home.is_none() && !p.on.contains_key(&n.link.slot))
+                        .map(|(id, p)| (*id, p.spec))
+                        .collect::<Vec<_>>();
+                    (n.link.clone(), missing)
+                })
+                .filter(|(_, missing)| !missing.is_empty())
+                .collect()
+        };
+        let creations = work.iter().map(|(link, missing)| async move {
+            let mut made = Vec::new();
+            for (logical, spec) in missing {
+                match link.client.create_pool(spec).await {
+                    Ok(id) => made.push((*logical, id)),
+                    Err(err) => {
+                        self.absorb(link, &err);
+                        break;
+                    }
+                }
+            }
+            made
+        });
+        let results = futures::future::join_all(creations).await;
+        let mut view = self.view.write();
+        for ((link, _), made) in work.iter().zip(results) {
+            for (logical, id) in made {
+                match view.pools.get_mut(&logical) {
+                    Some(pool) if !pool.on.contains_key(&link.slot) => {
+                        pool.on.insert(link.slot, id);
+                    }
+                    _ => link.orphans.lock().push(id),
+                }
+            }
+        }
+    }
+}

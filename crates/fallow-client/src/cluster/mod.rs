@@ -1,0 +1,43 @@
+//! A client of a whole cluster of nodes: the same [`fallow_core::AsyncPageStore`] as one
+//! [`crate::Client`] or the in-process engine, so an NBD export can cache in a cluster
+//! unchanged.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use fallow_client::{ClusterClient, ClusterClientConfig};
+//! use fallow_core::{PageKey, PoolSpec, PAGE_SIZE};
+//!
+//! let secret = std::fs::read("/etc/fallow/secret")?;
+//! let config = ClusterClientConfig::new("fallow://10.0.0.1:7400,10.0.0.2:7400", secret)?;
+//! let cluster = ClusterClient::connect(config).await?;
+//! let pool = cluster.create_pool(&PoolSpec::ephemeral()).await?; // on every node
+//! let keys = [PageKey::new(pool, 1, 0)];
+//! cluster.put_many(&keys, vec![7u8; PAGE_SIZE].into()).await?;
+//! let pages = cluster.get_many(&keys).await?; // a miss is None, never an error
+//! # Ok(()) }
+//! ```
+//!
+//! # Semantics
+//!
+//! Ephemeral pools only span nodes: a dead node costs the misses of its pages and
+//! nothing else. A persistent pool is refused unless the cluster has one node (two copies
+//! across nodes are the next step of issue #5). `docs/cluster.md` ("Placement and
+//! failure") is the full description.
+//!
+//! # Components
+//! [`ClusterClientConfig`]: seeds, secret, timeouts. [`ClusterClient`]: the handle
+//! (`client.rs`: connecting, pools; `pages.rs`: page requests). `placement`: weighted
+//! rendezvous hashing. `summary`: where this client put each page. `view`: nodes and
+//! pools. `membership`: the refresh that keeps the view true.
+
+mod client;
+mod config;
+mod membership;
+mod pages;
+mod placement;
+mod summary;
+mod view;
+
+pub use client::{ClusterClient, ClusterNode, NodeState};
+pub use config::{ClusterClientConfig, ClusterError};
+pub use summary::SummaryStats;

@@ -1,0 +1,389 @@
+//! The cluster client against in-process nodes on 127.0.0.1 (OS-chosen ports): pages
+//! spread over three gossiping nodes and read back, misses answered without a request, a
+//! node that joins later gets the pool and new pages, a node that leaves or stops
+//! answering costs misses and never an error, shared pools stay coherent between two
+//! clients, and persistent pools need a one-node cluster. Processes and SIGKILL are in
+//! `crates/fallow/tests/cluster_client.rs`.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use fallow_client::{
+    Client, ClusterClient, ClusterClientConfig, ClusterError, MemberState, NodeState,
+};
+use fallow_core::{PageKey, PoolId, PoolSpec, PutOutcome, PAGE_SIZE};
+use fallow_node::ClusterSettings;
+use support::{page, Options, TestNode, SECRET};
+
+/// A node that gossips, joining `join` (gossip addresses).
+fn gossiping(join: Vec<String>) -> TestNode {
+    TestNode::with(Options {
+        cluster: Some(ClusterSettings { gossip: None, join }),
+        budget: 32 << 20,
+        ..Options::default()
+    })
+}
+
+fn gossip_addr(node: &TestNode) -> String {
+    node.node.cluster().expect("it gossips").gossip_addr().to_string()
+}
+
+/// Three gossiping nodes that all list each other alive.
+async fn three_nodes() -> Vec<TestNode> {
+    let a = gossiping(vec![]);
+    let b = gossiping(vec![gossip_addr(&a)]);
+    let c = gossiping(vec![gossip_addr(&a), gossip_addr(&b)]);
+    let nodes = vec![a, b, c];
+    for node in &nodes {
+        wait_for_members(node, 3).await;
+    }
+    nodes
+}
+
+/// Waits (at most 10 s) until `node` lists `alive` members alive.
+async fn wait_for_members(node: &TestNode, alive: usize) {
+    let client = Client::connect(node.config()).await.unwrap();
+    let start = Instant::now();
+    loop {
+        let members = client.members().await.unwrap();
+        if members.iter().filter(|m| m.state == MemberState::Alive).count() == alive {
+            return;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "{members:#?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Refreshes `cluster` until `done` holds for its nodes (at most 10 s).
+async fn wait_for_nodes(cluster: &ClusterClient, what: &str, done: impl Fn(&[NodeState]) -> bool) {
+    let start = Instant::now();
+    loop {
+        cluster.refresh().await;
+        let states: Vec<NodeState> = cluster.nodes().iter().map(|n| n.state).collect();
+        if done(&states) {
+            return;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "{what}: {:#?}", cluster.nodes());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A cluster client through `seeds`, with a request timeout of `timeout`.
+async fn connect(seeds: &[SocketAddr], timeout: Duration) -> ClusterClient {
+    let list: Vec<String> = seeds.iter().map(|a| a.to_string()).collect();
+    let config = ClusterClientConfig::new(&list.join(","), SECRET.to_vec())
+        .unwrap()
+        .timeout(timeout)
+        .connect_timeout(timeout);
+    ClusterClient::connect(config).await.unwrap()
+}
+
+fn keys(pool: PoolId, object: u64, n: u64) -> Vec<PageKey> {
+    (0..n).map(|i| PageKey::new(pool, object, i)).collect()
+}
+
+fn pages(seed: u64, n: u64) -> Bytes {
+    Bytes::from((0..n).flat_map(|i| page(seed * 1_000_003 + i)).collect::<Vec<u8>>())
+}
+
+/// Node-wide GET/TAKE keys answered, summed over `nodes`.
+async fn lookups(nodes: &[&TestNode]) -> u64 {
+    let mut total = 0;
+    for node in nodes {
+        let stats = Client::connect(node.config()).await.unwrap().stats().await.unwrap();
+        total += stats.get("hits").unwrap() + stats.get("misses").unwrap();
+    }
+    total
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_spread_over_the_nodes_and_a_later_node_gets_new_ones() {
+    let nodes = three_nodes().await;
+    let cluster = connect(&[nodes[0].addr], Duration::from_secs(5)).await;
+    assert_eq!(cluster.nodes().len(), 3, "learned from one seed: {:#?}", cluster.nodes());
+    let pool = cluster.create_pool(&PoolSpec::ephemeral()).await.unwrap();
+
+    let n = 900;
+    let keys = keys(pool, 1, n);
+    let data = pages(1, n);
+    let outcomes = cluster.put_many(&keys, data.clone()).await.unwrap();
+    assert!(outcomes.iter().all(|o| *o == PutOutcome::Stored));
+    let spread: Vec<u64> = cluster.nodes().iter().map(|n| n.pages).collect();
+    // Equal nodes, 900 keys: 300 each, binomial deviation ~14.
+    assert!(spread.iter().all(|&p| (230..=370).contains(&p)), "{spread:?}");
+    let got = cluster.get_many(&keys).await.unwrap();
+    for (i, page) in got.iter().enumerate() {
+        assert_eq!(page.as_deref(), Some(&data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]), "key {i}");
+    }
+
+    // Pages this client never put are misses answered without asking any node.
+    let refs: Vec<&TestNode> = nodes.iter().collect();
+    let before = lookups(&refs).await;
+    let never = self::keys(pool, 2, 300);
+    assert!(cluster.get_many(&never).await.unwrap().iter().all(Option::is_none));
+    assert!(cluster.take_many(&never).await.unwrap().iter().all(Option::is_none));
+    assert_eq!(lookups(&refs).await, before, "a summary miss sent a request");
+    let summary = cluster.summary();
+    assert_eq!(summary.pages, n);
+    println!("summary: {} pages, {} bytes", summary.pages, summary.heap_bytes);
+
+    // Taken and invalidated pages leave the summary too.
+    let taken = cluster.take_many(&keys[..10]).await.unwrap();
+    assert!(taken.iter().all(Option::is_some));
+    cluster.invalidate_pages(&keys[10..20]).await.unwrap();
+    assert!(cluster.get_many(&keys[..20]).await.unwrap().iter().all(Option::is_none));
+    assert_eq!(cluster.summary().pages, n - 20);
+
+    // A fourth node joins: it gets the pool, old pages stay readable where they are, and
+    // about a quarter of new pages go to it.
+    let d = gossiping(vec![gossip_addr(&nodes[0])]);
+    wait_for_nodes(&cluster, "a fourth node", |s| {
+        s.len() == 4 && s.iter().all(|s| *s == NodeState::Alive)
+    })
+    .await;
+    let got = cluster.get_many(&keys[20..]).await.unwrap();
+    assert!(got.iter().all(Option::is_some), "a page was lost when a node joined");
+    let more = self::keys(pool, 3, 800);
+    let outcomes = cluster.put_many(&more, pages(3, 800)).await.unwrap();
+    assert!(outcomes.iter().all(|o| *o == PutOutcome::Stored));
+    let on_d = cluster.nodes().iter().find(|x| x.id == d.addr.to_string()).unwrap().pages;
+    assert!((120..=300).contains(&on_d), "the new node got {on_d} of 800 new pages");
+
+    assert_eq!(cluster.invalidate_object(pool, 3).await.unwrap(), 800);
+    assert_eq!(cluster.invalidate_pool(pool).await.unwrap(), n - 20);
+    assert_eq!(cluster.summary().pages, 0);
+    cluster.destroy_pool(pool).await.unwrap();
+    assert!(matches!(cluster.get_many(&keys).await, Err(ClusterError::UnknownPool(_))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_leaves_costs_misses_and_never_an_error() {
+    let mut nodes = three_nodes().await;
+    let seeds: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
+    // A node that leaves closes its connections: no timeout is involved, and a long one
+    // keeps a slow machine from making misses of its own.
+    let cluster = connect(&seeds, Duration::from_secs(1)).await;
+    let pool = cluster.create_pool(&PoolSpec::ephemeral()).await.unwrap();
+    let n = 600;
+    let keys = keys(pool, 1, n);
+    let data = pages(2, n);
+    cluster.put_many(&keys, data.clone()).await.unwrap();
+
+    let gone = nodes.remove(1);
+    let gone_id = gone.addr.to_string();
+    let on_gone = cluster.nodes().iter().find(|x| x.id == gone_id).unwrap().pages;
+    drop(gone); // a clean stop: it tells the cluster it leaves
+    let start = Instant::now();
+    let mut misses = 0;
+    while start.elapsed() < Duration::from_millis(1500) {
+        let got = cluster.get_many(&keys).await.expect("a node failure reached the caller");
+        for (i, page) in got.iter().enumerate() {
+            match page {
+                Some(p) => assert_eq!(&p[..], &data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]),
+                None => misses += 1,
+            }
+        }
+        let outcomes = cluster.put_many(&keys[..32], data.slice(..32 * PAGE_SIZE)).await.unwrap();
+        assert_eq!(outcomes.len(), 32);
+    }
+    assert!(misses > 0, "no key missed though {on_gone} were on the node that left");
+    wait_for_nodes(&cluster, "two nodes", |s| s.len() == 2).await;
+    // Every put now lands on the two that remain.
+    let outcomes = cluster.put_many(&keys, data.clone()).await.unwrap();
+    assert!(outcomes.iter().all(|o| *o == PutOutcome::Stored));
+    let got = cluster.get_many(&keys).await.unwrap();
+    assert!(got.iter().all(Option::is_some));
+}
+
+/// A TCP relay whose traffic a test can freeze (a partition: nothing is closed, nothing
+/// arrives). Its threads end when the test process does.
+struct Freezer {
+    addr: SocketAddr,
+    frozen: Arc<AtomicBool>,
+}
+
+impl Freezer {
+    fn start(target: SocketAddr) -> Freezer {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let frozen = Arc::new(AtomicBool::new(false));
+        let stop = frozen.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                let upstream = TcpStream::connect(target).unwrap();
+                for (from, to) in [
+                    (client.try_clone().unwrap(), upstream.try_clone().unwrap()),
+                    (upstream, client),
+                ] {
+                    let frozen = stop.clone();
+                    std::thread::spawn(move || relay(from, to, &frozen));
+                }
+            }
+        });
+        Freezer { addr, frozen }
+    }
+}
+
+fn relay(mut from: TcpStream, mut to: TcpStream, frozen: &AtomicBool) {
+    from.set_read_timeout(Some(Duration::from_millis(5))).unwrap();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        if frozen.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(5));
+            continue;
+        }
+        match from.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => {
+                if to.write_all(&buf[..n]).is_err() {
+                    return;
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// Median and maximum of a sample, in microseconds.
+fn summary(mut samples: Vec<Duration>) -> (u128, u128) {
+    samples.sort();
+    (samples[samples.len() / 2].as_micros(), samples.last().unwrap().as_micros())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_stops_answering_is_skipped_after_one_timeout() {
+    // Nodes outside any cluster: the seeds are the cluster, and only this client's own
+    // timeouts and pings tell it about a node.
+    let nodes: Vec<TestNode> = (0..3).map(|_| TestNode::start()).collect();
+    let freezer = Freezer::start(nodes[2].addr);
+    let seeds = [nodes[0].addr, nodes[1].addr, freezer.addr];
+    let timeout = Duration::from_millis(250);
+    let cluster = connect(&seeds, timeout).await;
+    assert_eq!(cluster.nodes().len(), 3);
+    let pool = cluster.create_pool(&PoolSpec::ephemeral()).await.unwrap();
+    let n = 96;
+    let keys = keys(pool, 1, n);
+    let data = pages(3, n);
+    cluster.put_many(&keys, data.clone()).await.unwrap();
+    let frozen_id = freezer.addr.to_string();
+    let on_frozen = cluster.nodes().iter().find(|x| x.id == frozen_id).unwrap().pages;
+    assert!(on_frozen > 0);
+
+    let mut before = Vec::new();
+    for _ in 0..50 {
+        let start = Instant::now();
+        let got = cluster.get_many(&keys).await.unwrap();
+        before.push(start.elapsed());
+        assert!(got.iter().all(Option::is_some));
+    }
+
+    freezer.frozen.store(true, Ordering::Relaxed);
+    let start = Instant::now();
+    let got = cluster.get_many(&keys).await.unwrap();
+    let first = start.elapsed();
+    // The frozen node's keys miss (others could too, on a machine slow enough to time out).
+    assert!(got.iter().filter(|p| p.is_none()).count() as u64 >= on_frozen);
+    assert!(first >= timeout && first < timeout * 4, "the first get took {first:?}");
+
+    let mut after = Vec::new();
+    for _ in 0..50 {
+        let start = Instant::now();
+        let got = cluster.get_many(&keys).await.unwrap();
+        after.push(start.elapsed());
+        for (i, page) in got.iter().enumerate() {
+            if let Some(p) = page {
+                assert_eq!(&p[..], &data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
+            }
+        }
+    }
+    let ((b50, bmax), (a50, amax)) = (summary(before), summary(after));
+    println!(
+        "get of {n} pages over 3 nodes: median {b50} µs (max {bmax}) before; first get after \
+         the freeze {} µs; median {a50} µs (max {amax}) once the node is skipped",
+        first.as_micros()
+    );
+    assert!(a50 <= b50 + 2000, "added wait {} µs after detection", a50 as i128 - b50 as i128);
+    assert!(cluster.nodes().iter().any(|x| x.state == NodeState::Down));
+
+    // Thawed, it answers the refresh's ping and is used again.
+    freezer.frozen.store(false, Ordering::Relaxed);
+    wait_for_nodes(&cluster, "the frozen node back", |s| s.iter().all(|s| *s == NodeState::Alive))
+        .await;
+    let got = cluster.get_many(&keys).await.unwrap();
+    assert!(got.iter().filter(|p| p.is_some()).count() as u64 >= n - on_frozen);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_pool_is_coherent_between_two_clients() {
+    let nodes = three_nodes().await;
+    let a = connect(&[nodes[0].addr], Duration::from_secs(5)).await;
+    let b = connect(&[nodes[1].addr], Duration::from_secs(5)).await;
+    let spec = PoolSpec::ephemeral().shared(0x5eed_f00d);
+    let pool_a = a.create_pool(&spec).await.unwrap();
+    assert_eq!(a.create_pool(&spec).await.unwrap(), pool_a, "the same UUID, the same pool");
+    let pool_b = b.create_pool(&spec).await.unwrap();
+    let n = 300;
+    let old = pages(4, n);
+    a.put_many(&keys(pool_a, 1, n), old.clone()).await.unwrap();
+    let got = b.get_many(&keys(pool_b, 1, n)).await.unwrap();
+    let hits = got.iter().filter(|p| p.is_some()).count();
+    for (i, page) in got.iter().enumerate() {
+        if let Some(p) = page {
+            assert_eq!(&p[..], &old[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
+        }
+    }
+    // b's weights may have moved a few keys since a put them (free memory is gossiped).
+    assert!(hits > n as usize * 2 / 3, "b found {hits} of {n} pages a put");
+
+    // b writes new versions; a never reads an old one again.
+    let new = pages(5, n);
+    b.put_many(&keys(pool_b, 1, n), new.clone()).await.unwrap();
+    let got = a.get_many(&keys(pool_a, 1, n)).await.unwrap();
+    for (i, page) in got.iter().enumerate() {
+        if let Some(p) = page {
+            assert_eq!(&p[..], &new[i * PAGE_SIZE..(i + 1) * PAGE_SIZE], "stale page {i}");
+        }
+    }
+    // Other options under the same UUID are refused.
+    let err = a.create_pool(&PoolSpec::ephemeral().shared(0x5eed_f00d).compress(true)).await;
+    assert!(matches!(err, Err(ClusterError::SharedPoolMismatch { .. })), "{err:?}");
+    b.destroy_pool(pool_b).await.unwrap();
+    a.destroy_pool(pool_a).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn persistent_pools_need_a_one_node_cluster() {
+    let nodes = three_nodes().await;
+    let cluster = connect(&[nodes[0].addr], Duration::from_secs(5)).await;
+    let err = cluster.create_pool(&PoolSpec::persistent()).await.unwrap_err();
+    assert!(matches!(err, ClusterError::PersistentNeedsOneNode { nodes: 3 }), "{err}");
+    let store_err = fallow_core::StoreError::from(err);
+    assert!(matches!(store_err, fallow_core::StoreError::InvalidSpec(_)), "{store_err}");
+
+    let alone = TestNode::start();
+    let cluster = connect(&[alone.addr], Duration::from_secs(5)).await;
+    let pool = cluster.create_pool(&PoolSpec::persistent()).await.unwrap();
+    let keys = keys(pool, 1, 10);
+    let data = pages(6, 10);
+    cluster.put_many(&keys, data.clone()).await.unwrap();
+    let got = cluster.get_many(&keys).await.unwrap();
+    assert!(got
+        .iter()
+        .enumerate()
+        .all(|(i, p)| p.as_deref() == Some(&data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE])));
+    // Its node's failure is the caller's error, as with one node's client.
+    drop(alone);
+    assert!(cluster.get_many(&keys).await.is_err());
+}
