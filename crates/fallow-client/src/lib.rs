@@ -38,7 +38,8 @@ mod stats;
 pub use blocking::BlockingClient;
 pub use client::Client;
 pub use cluster::{
-    ClusterClient, ClusterClientConfig, ClusterError, ClusterNode, NodeState, SummaryStats,
+    ClusterClient, ClusterClientConfig, ClusterError, ClusterNode, NodeState, ReplicationStats,
+    SummaryStats,
 };
 pub use config::{ClientConfig, Endpoint, NodeRestart};
 pub use error::ClientError;

@@ -2,8 +2,8 @@
 //! spread over three gossiping nodes and read back, misses answered without a request, a
 //! node that joins later gets the pool and new pages, a node that leaves or stops
 //! answering costs misses and never an error, shared pools stay coherent between two
-//! clients, and persistent pools need a one-node cluster. Processes and SIGKILL are in
-//! `crates/fallow/tests/cluster_client.rs`.
+//! clients, and persistent pools keep two copies (a put one node refuses keeps none), one
+//! of which is re-created when a node leaves or stays unreachable. Processes and SIGKILL are in `crates/fallow/tests/cluster_client.rs`.
 
 mod support;
 
@@ -363,27 +363,177 @@ async fn a_shared_pool_is_coherent_between_two_clients() {
     a.destroy_pool(pool_a).await.unwrap();
 }
 
+/// Checks that `got` holds exactly the pages of `data`.
+fn assert_pages(got: &[Option<Bytes>], data: &Bytes, what: &str) {
+    for (i, page) in got.iter().enumerate() {
+        let want = &data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE];
+        assert_eq!(page.as_deref(), Some(want), "{what}: page {i}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn persistent_pools_need_a_one_node_cluster() {
-    let nodes = three_nodes().await;
+async fn persistent_pages_keep_two_copies_and_a_lost_copy_is_recreated() {
+    let mut nodes = three_nodes().await;
     let cluster = connect(&[nodes[0].addr], Duration::from_secs(5)).await;
-    let err = cluster.create_pool(&PoolSpec::persistent()).await.unwrap_err();
+    // Shared persistent pools are not replicated: they need a one-node cluster.
+    let err = cluster.create_pool(&PoolSpec::persistent().shared(7)).await.unwrap_err();
     assert!(matches!(err, ClusterError::PersistentNeedsOneNode { nodes: 3 }), "{err}");
     let store_err = fallow_core::StoreError::from(err);
     assert!(matches!(store_err, fallow_core::StoreError::InvalidSpec(_)), "{store_err}");
 
+    let pool = cluster.create_pool(&PoolSpec::persistent()).await.unwrap();
+    let n = 300;
+    let keys = keys(pool, 1, n);
+    let data = pages(6, n);
+    let outcomes = cluster.put_many(&keys, data.clone()).await.unwrap();
+    assert!(outcomes.iter().all(|o| *o == PutOutcome::Stored), "{outcomes:?}");
+    // Two copies of each page, never both on one node.
+    let spread: Vec<u64> = cluster.nodes().iter().map(|x| x.pages).collect();
+    assert_eq!(spread.iter().sum::<u64>(), 2 * n, "{spread:?}");
+    assert!(spread.iter().all(|&p| p <= n && p > n / 3), "{spread:?}");
+    let stats = cluster.replication();
+    assert_eq!((stats.pages, stats.at_risk, stats.lost), (n, 0, 0));
+    assert_pages(&cluster.get_many(&keys).await.unwrap(), &data, "after the put");
+
+    // A take removes both copies; an invalidation too; pages never put are local misses.
+    let taken = cluster.take_many(&keys[..10]).await.unwrap();
+    assert_pages(&taken, &data.slice(..10 * PAGE_SIZE), "taken");
+    cluster.invalidate_pages(&keys[10..20]).await.unwrap();
+    assert!(cluster.get_many(&keys[..20]).await.unwrap().iter().all(Option::is_none));
+    let spread: Vec<u64> = cluster.nodes().iter().map(|x| x.pages).collect();
+    assert_eq!(spread.iter().sum::<u64>(), 2 * (n - 20), "{spread:?}");
+    let refs: Vec<&TestNode> = nodes.iter().collect();
+    let before = lookups(&refs).await;
+    assert!(cluster.get_many(&self::keys(pool, 2, 50)).await.unwrap().iter().all(Option::is_none));
+    assert_eq!(lookups(&refs).await, before, "a summary miss sent a request");
+    // Every node's pool holds its copies: the node-wide page count is twice the pages.
+    let mut on_nodes = 0;
+    for node in &nodes {
+        let stats = Client::connect(node.config()).await.unwrap().stats().await.unwrap();
+        on_nodes += stats.get("pages").unwrap();
+    }
+    assert_eq!(on_nodes, 2 * (n - 20));
+
+    // One node leaves: every page is still read, and the copies it held are re-created
+    // on the node that remains.
+    let gone = nodes.remove(2);
+    drop(gone);
+    let start = Instant::now();
+    loop {
+        let stats = cluster.replication();
+        if cluster.nodes().len() == 2 && stats.at_risk == 0 && stats.re_replicated > 0 {
+            break;
+        }
+        let got = cluster.get_many(&keys[20..]).await.expect("a persistent read failed");
+        assert_pages(&got, &data.slice(20 * PAGE_SIZE..), "while a node leaves");
+        assert!(start.elapsed() < Duration::from_secs(10), "{stats:?} {:#?}", cluster.nodes());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let spread: Vec<u64> = cluster.nodes().iter().map(|x| x.pages).collect();
+    assert_eq!(spread, vec![n - 20, n - 20], "every page on both remaining nodes");
+    assert_pages(
+        &cluster.get_many(&keys[20..]).await.unwrap(),
+        &data.slice(20 * PAGE_SIZE..),
+        "after",
+    );
+    assert_eq!(cluster.invalidate_object(pool, 1).await.unwrap(), n - 20);
+    assert_eq!(cluster.replication().pages, 0);
+    cluster.destroy_pool(pool).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_persistent_put_needs_two_nodes() {
+    // One node: a persistent pool is created, but a put cannot keep two copies, so it is
+    // refused, and the older copies of the key are gone too.
     let alone = TestNode::start();
     let cluster = connect(&[alone.addr], Duration::from_secs(5)).await;
     let pool = cluster.create_pool(&PoolSpec::persistent()).await.unwrap();
     let keys = keys(pool, 1, 10);
-    let data = pages(6, 10);
+    let outcomes = cluster.put_many(&keys, pages(6, 10)).await.unwrap();
+    assert!(outcomes.iter().all(|o| matches!(o, PutOutcome::NotStored(_))), "{outcomes:?}");
+    assert!(cluster.get_many(&keys).await.unwrap().iter().all(Option::is_none));
+    assert_eq!(cluster.replication().pages, 0);
+    let stats = Client::connect(alone.config()).await.unwrap().stats().await.unwrap();
+    assert_eq!(stats.get("pages"), Some(0));
+
+    // A shared persistent pool lives on the one node; its failures are the caller's.
+    let shared = cluster.create_pool(&PoolSpec::persistent().shared(9)).await.unwrap();
+    let keys = self::keys(shared, 1, 10);
+    let data = pages(7, 10);
     cluster.put_many(&keys, data.clone()).await.unwrap();
-    let got = cluster.get_many(&keys).await.unwrap();
-    assert!(got
-        .iter()
-        .enumerate()
-        .all(|(i, p)| p.as_deref() == Some(&data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE])));
-    // Its node's failure is the caller's error, as with one node's client.
+    assert_pages(&cluster.get_many(&keys).await.unwrap(), &data, "shared persistent");
     drop(alone);
     assert!(cluster.get_many(&keys).await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_on_a_node_unreachable_for_long_are_recreated_without_membership() {
+    // Seeds that do not gossip: only this client's failed requests tell it a node is
+    // gone, and a node down for `repair_after` counts as lost.
+    let mut nodes: Vec<TestNode> = (0..3).map(|_| TestNode::start()).collect();
+    let list: Vec<String> = nodes.iter().map(|n| n.addr.to_string()).collect();
+    let config = ClusterClientConfig::new(&list.join(","), SECRET.to_vec())
+        .unwrap()
+        .timeout(Duration::from_secs(5))
+        .repair_after(Duration::from_millis(300));
+    let cluster = ClusterClient::connect(config).await.unwrap();
+    let pool = cluster.create_pool(&PoolSpec::persistent()).await.unwrap();
+    let n = 200;
+    let keys = keys(pool, 1, n);
+    let data = pages(8, n);
+    let outcomes = cluster.put_many(&keys, data.clone()).await.unwrap();
+    assert!(outcomes.iter().all(|o| *o == PutOutcome::Stored), "{outcomes:?}");
+
+    drop(nodes.remove(0));
+    // The first read meets the stopped node, marks it down and reads the other copies.
+    assert_pages(&cluster.get_many(&keys).await.unwrap(), &data, "after the first stop");
+    let start = Instant::now();
+    loop {
+        let stats = cluster.replication();
+        if stats.at_risk == 0 && stats.re_replicated > 0 {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "{stats:?} {:#?}", cluster.nodes());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(nodes.remove(0));
+    assert_pages(&cluster.get_many(&keys).await.unwrap(), &data, "after the second stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_refused_by_one_node_leaves_no_half_kept_page() {
+    // A quota of 100 pages on each node's pool: about 200 of 300 pages' copies go to each
+    // node, so many puts get one copy refused (OverQuota) and one stored.
+    let nodes = three_nodes().await;
+    let cluster = connect(&[nodes[0].addr], Duration::from_secs(5)).await;
+    let pool = cluster.create_pool(&PoolSpec::persistent().quota_pages(100)).await.unwrap();
+    let n = 300;
+    let keys = keys(pool, 1, n);
+    let data = pages(9, n);
+    let mut outcomes = Vec::new();
+    for chunk in 0..(n / 10) as usize {
+        let at = chunk * 10..chunk * 10 + 10;
+        let data = data.slice(at.start * PAGE_SIZE..at.end * PAGE_SIZE);
+        outcomes.extend(cluster.put_many(&keys[at], data).await.unwrap());
+    }
+    let stored = outcomes.iter().filter(|o| **o == PutOutcome::Stored).count() as u64;
+    assert!(stored > 0 && stored < n, "{stored} of {n} stored");
+    assert!(outcomes.contains(&PutOutcome::NotStored(fallow_core::NotStored::OverQuota)));
+    let got = cluster.get_many(&keys).await.unwrap();
+    for (i, (page, outcome)) in got.iter().zip(&outcomes).enumerate() {
+        match outcome {
+            PutOutcome::Stored => {
+                assert_eq!(page.as_deref(), Some(&data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]))
+            }
+            _ => assert_eq!(*page, None, "page {i} was refused but reads"),
+        }
+    }
+    // Exactly two copies of each stored page on the nodes: none of a refused one.
+    let mut on_nodes = 0;
+    for node in &nodes {
+        let stats = Client::connect(node.config()).await.unwrap().stats().await.unwrap();
+        on_nodes += stats.get("pages").unwrap();
+    }
+    assert_eq!(on_nodes, 2 * stored);
+    assert_eq!(cluster.replication().pages, stored);
 }

@@ -3,7 +3,11 @@
 //! is a hit with the bytes last put or a miss, never wrong data and never an error. The
 //! time of each request before the kill, until the client stops using the node, and
 //! after is printed (BENCHMARKS.md, "Cluster client"). The killed node is then restarted
-//! and gets new pages again. Every process is stopped by its PID (support::Daemon).
+//! and gets new pages again. A second test puts persistent pages (two copies each),
+//! SIGKILLs one node, reads every page, waits until the client re-created the lost
+//! copies, SIGKILLs a second node and reads every page again: the re-created copies are
+//! all that is left of a third of them. Every process is stopped by its PID
+//! (support::Daemon).
 
 mod support;
 
@@ -27,7 +31,7 @@ struct Addrs {
     gossip: String,
 }
 
-fn start_member(addrs: &Addrs, peers: &[&Addrs], secret: &Path) -> Daemon {
+fn start_member(addrs: &Addrs, peers: &[&Addrs], secret: &Path, lend: &str) -> Daemon {
     let join: Vec<&str> = peers.iter().map(|p| p.gossip.as_str()).collect();
     let join = join.join(",");
     let args = [
@@ -38,7 +42,7 @@ fn start_member(addrs: &Addrs, peers: &[&Addrs], secret: &Path) -> Daemon {
         "--join",
         &join,
         "--lend",
-        "32M",
+        lend,
         "--secret-file",
         secret.to_str().unwrap(),
     ];
@@ -110,9 +114,9 @@ async fn a_sigkilled_node_costs_misses_never_wrong_data_or_errors() {
         })
         .collect();
     let (a, b, c) = (&addrs[0], &addrs[1], &addrs[2]);
-    let _node_a = start_member(a, &[b, c], &secret);
-    let mut node_b = start_member(b, &[a, c], &secret);
-    let _node_c = start_member(c, &[a, b], &secret);
+    let _node_a = start_member(a, &[b, c], &secret, "32M");
+    let mut node_b = start_member(b, &[a, c], &secret, "32M");
+    let _node_c = start_member(c, &[a, b], &secret, "32M");
     wait_for_members(&a.listen, 3).await;
 
     let seeds = format!("fallow://{},{},{}", a.listen, b.listen, c.listen);
@@ -227,7 +231,7 @@ async fn a_sigkilled_node_costs_misses_never_wrong_data_or_errors() {
     }
 
     // Restarted on the same addresses, b is a new node: it gets the pool and new pages.
-    let _node_b = start_member(b, &[a, c], &secret);
+    let _node_b = start_member(b, &[a, c], &secret, "32M");
     let t = Instant::now();
     while !cluster.nodes().iter().any(|x| x.id == b.listen && x.state == NodeState::Alive) {
         assert!(t.elapsed() < Duration::from_secs(10), "b not back: {:#?}", cluster.nodes());
@@ -243,4 +247,110 @@ async fn a_sigkilled_node_costs_misses_never_wrong_data_or_errors() {
     for (i, p) in fresh.iter().zip(got) {
         assert!(p.unwrap()[..] == page(*i, 0)[..], "page {i}");
     }
+}
+
+/// Reads every page of `indexes` (object 1 of `pool`) and checks it is version 0.
+async fn read_all_persistent(
+    cluster: &ClusterClient,
+    pool: fallow_core::PoolId,
+    n: u64,
+    when: &str,
+) {
+    for chunk in (0..n).collect::<Vec<_>>().chunks(256) {
+        let keys: Vec<PageKey> = chunk.iter().map(|&i| PageKey::new(pool, 1, i)).collect();
+        let got = cluster
+            .get_many(&keys)
+            .await
+            .unwrap_or_else(|err| panic!("{when}: a persistent read failed: {err}"));
+        for (i, p) in chunk.iter().zip(got) {
+            let p = p.unwrap_or_else(|| panic!("{when}: persistent page {i} missing"));
+            assert!(p[..] == page(*i, 0)[..], "{when}: page {i}: wrong bytes");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn persistent_pages_survive_two_successive_node_kills() {
+    let dir = TempDir::new("cluster-persistent");
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, format!("{SECRET}\n")).unwrap();
+    let addrs: Vec<Addrs> = (0..3)
+        .map(|_| Addrs {
+            listen: format!("127.0.0.1:{}", free_port()),
+            gossip: format!(
+                "127.0.0.1:{}",
+                UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+            ),
+        })
+        .collect();
+    let (a, b, c) = (&addrs[0], &addrs[1], &addrs[2]);
+    // FALLOW_PERSISTENT_PAGES=N measures a larger repair (BENCHMARKS.md); each node
+    // lends room for every page, which the last two hold after the repair.
+    let n: u64 = std::env::var("FALLOW_PERSISTENT_PAGES").map_or(3000, |v| v.parse().unwrap());
+    let lend = format!("{}M", ((n * PAGE_SIZE as u64 * 2) >> 20).max(32));
+    let _node_a = start_member(a, &[b, c], &secret, &lend);
+    let mut node_b = start_member(b, &[a, c], &secret, &lend);
+    let mut node_c = start_member(c, &[a, b], &secret, &lend);
+    wait_for_members(&a.listen, 3).await;
+
+    let seeds = format!("fallow://{},{},{}", a.listen, b.listen, c.listen);
+    let config = ClusterClientConfig::new(&seeds, SECRET).unwrap().timeout(Duration::from_secs(1));
+    let cluster = ClusterClient::connect(config).await.unwrap();
+    assert_eq!(cluster.nodes().len(), 3);
+    let pool = cluster.create_pool(&PoolSpec::persistent()).await.unwrap();
+    for chunk in (0..n).collect::<Vec<_>>().chunks(256) {
+        let keys: Vec<PageKey> = chunk.iter().map(|&i| PageKey::new(pool, 1, i)).collect();
+        let data: Vec<u8> = chunk.iter().flat_map(|&i| page(i, 0)).collect();
+        let outcomes = cluster.put_many(&keys, data.into()).await.unwrap();
+        assert!(outcomes.iter().all(|o| *o == PutOutcome::Stored), "{outcomes:?}");
+    }
+    let on_b = cluster.nodes().iter().find(|x| x.id == b.listen).unwrap().pages;
+    assert!(on_b > n / 3, "only {on_b} copies on b");
+
+    // The first kill: every page is read from its other copy at once.
+    node_b.kill();
+    let killed = Instant::now();
+    read_all_persistent(&cluster, pool, n, "right after the first kill").await;
+    // Membership declares b dead, the client retires it, and the repair copies b's pages
+    // from their survivors to the other live node.
+    loop {
+        let stats = cluster.replication();
+        if cluster.nodes().len() == 2 && stats.at_risk == 0 && stats.re_replicated >= on_b {
+            break;
+        }
+        assert!(killed.elapsed() < Duration::from_secs(15), "{stats:?} {:#?}", cluster.nodes());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let repaired = killed.elapsed();
+    let stats = cluster.replication();
+    let (pass_pages, pass_time) = stats.last_repair.expect("no repair pass recorded");
+    println!(
+        "persistent: {n} pages on 3 nodes, one SIGKILLed: {} copies re-created, every page \
+         on two nodes again {} ms after the kill; the repair pass copied {pass_pages} pages \
+         in {} ms",
+        stats.re_replicated,
+        repaired.as_millis(),
+        pass_time.as_millis()
+    );
+    assert_eq!((stats.pages, stats.lost), (n, 0));
+    let spread: Vec<u64> = cluster.nodes().iter().map(|x| x.pages).collect();
+    assert_eq!(spread, vec![n, n], "every page on both remaining nodes");
+    read_all_persistent(&cluster, pool, n, "after the repair").await;
+
+    // The second kill: the copies made by the repair are what is left.
+    node_c.kill();
+    read_all_persistent(&cluster, pool, n, "after the second kill").await;
+    // With one node left a put cannot keep two copies: refused, never half-kept.
+    let keys = [PageKey::new(pool, 1, 0)];
+    let t = Instant::now();
+    loop {
+        let outcome = cluster.put_many(&keys, page(0, 1).into()).await.unwrap()[0];
+        if outcome != PutOutcome::Stored {
+            break;
+        }
+        // Until the client notices c is gone, a put may still land on a and c.
+        assert!(t.elapsed() < Duration::from_secs(10), "puts still stored with one node");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(cluster.get_many(&keys).await.unwrap()[0], None, "a refused put left a page");
 }

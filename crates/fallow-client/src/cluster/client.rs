@@ -2,15 +2,18 @@
 //! creating and destroying pools on every node, and what it knows of each node.
 //!
 //! # Locking
-//! Lock order: `admin` → `view` → `summary`. `admin` is a tokio mutex held across
-//! `.await` by pool creation and destruction and by the refresh, so that they never
-//! interleave (a pool created on a node twice, or a node adopted with a pool list that
-//! changed meanwhile). `view` (a `parking_lot::RwLock`) and `summary` (a
+//! Lock order: `admin` → `fence` → `view` → `summary`. `fence` (a tokio `RwLock`) is held
+//! shared by writes to private persistent pools (put, take, invalidations) for their
+//! whole request, and exclusively by the repair while it copies one group of pages, so
+//! a page is never re-created from a copy that a write is changing (`repair.rs`).
+//! `admin` is a tokio mutex held across `.await` by pool creation and destruction and by
+//! the refresh, so that they never interleave (a pool created on a node twice, or a node
+//! adopted with a pool list that changed meanwhile). `view` (a `parking_lot::RwLock`) and `summary` (a
 //! `parking_lot::Mutex`) are held only to route or record one batch, never across
 //! `.await`; page requests never take `admin`.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -20,7 +23,7 @@ use parking_lot::{Mutex, RwLock};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::summary::{Summary, SummaryStats};
+use super::summary::{Slot, Summary, SummaryStats};
 use super::view::{LogicalPool, NodeLink, View};
 use super::{ClusterClientConfig, ClusterError};
 use crate::ClientError;
@@ -59,6 +62,14 @@ pub(crate) struct Inner {
     /// partition): destroyed if the same node id is reached again, forgotten after
     /// [`ORPHANS_KEPT`] (by then the node's client lease has destroyed them).
     pub orphans: Mutex<HashMap<u128, (Instant, Vec<PoolId>)>>,
+    /// Writes to private persistent pools (shared) against the repair (exclusive).
+    pub fence: tokio::sync::RwLock<()>,
+    /// Wakes the repair (a node was retired).
+    pub repair_wake: Arc<Notify>,
+    /// Persistent pages whose lost copy was re-created, since the client started.
+    pub repaired: AtomicU64,
+    /// The last repair pass that re-created copies: how many, and how long it took.
+    pub last_repair: Mutex<Option<(u64, Duration)>>,
 }
 
 /// How long pools of a retired node incarnation are remembered: twice the nodes'
@@ -82,8 +93,27 @@ pub struct ClusterNode {
     pub weight: f64,
     /// Lendable and free bytes as gossiped; `None` for a node outside a cluster.
     pub capacity: Option<(u64, u64)>,
-    /// Pages this client put there (entries of its summary).
+    /// Pages this client put there (entries of its summary; a persistent page counts on
+    /// both of its nodes).
     pub pages: u64,
+}
+
+/// The state of a cluster client's persistent pages ([`ClusterClient::replication`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ReplicationStats {
+    /// Persistent pages this client holds (each with two copies unless at risk or lost).
+    pub pages: u64,
+    /// Pages with one readable copy: their other node died, restarted or cannot be
+    /// reached, and the repair has not re-created the copy yet (or cannot: no other live
+    /// node).
+    pub at_risk: u64,
+    /// Pages whose two nodes are both gone: reads of them fail.
+    pub lost: u64,
+    /// Copies re-created by the repair since the client started.
+    pub re_replicated: u64,
+    /// The last repair pass that re-created copies: how many, and how long the pass took
+    /// (from finding the pages at risk to the last one recorded).
+    pub last_repair: Option<(u64, Duration)>,
 }
 
 /// A node's state as a cluster client sees it.
@@ -119,6 +149,10 @@ impl ClusterClient {
             stop: CancellationToken::new(),
             next_pool: AtomicU32::new(0),
             orphans: Mutex::new(HashMap::new()),
+            fence: tokio::sync::RwLock::new(()),
+            repair_wake: Arc::new(Notify::new()),
+            repaired: AtomicU64::new(0),
+            last_repair: Mutex::new(None),
         });
         {
             let _admin = inner.admin.lock().await;
@@ -130,7 +164,12 @@ impl ClusterClient {
             }
         }
         let weak = Arc::downgrade(&inner);
-        tokio::spawn(refresh_loop(weak, inner.wake.clone(), inner.stop.clone()));
+        tokio::spawn(refresh_loop(weak.clone(), inner.wake.clone(), inner.stop.clone()));
+        tokio::spawn(super::repair::repair_loop(
+            weak,
+            inner.repair_wake.clone(),
+            inner.stop.clone(),
+        ));
         Ok(ClusterClient { inner })
     }
 
@@ -173,9 +212,26 @@ impl ClusterClient {
         self.inner.summary.lock().stats()
     }
 
+    /// Persistent pages: how many, how many have one copy left, and how many copies the
+    /// repair re-created. A full pass over the summary's persistent entries.
+    pub fn replication(&self) -> ReplicationStats {
+        let down = self.inner.down_slots(Duration::ZERO);
+        let summary = self.inner.summary.lock();
+        let risk = summary.at_risk(&down);
+        ReplicationStats {
+            pages: summary.stats().persistent,
+            at_risk: risk.pages.len() as u64,
+            lost: risk.lost,
+            re_replicated: self.inner.repaired.load(Ordering::Relaxed),
+            last_repair: *self.inner.last_repair.lock(),
+        }
+    }
+
     /// Creates a pool on every usable node (and, later, on nodes that join), or attaches
-    /// to a shared pool there: the same UUID names it on every node. A persistent pool is
-    /// refused unless the cluster has exactly one node ([`ClusterError::PersistentNeedsOneNode`]).
+    /// to a shared pool there: the same UUID names it on every node. A private persistent
+    /// pool keeps two copies of each page on two nodes (`docs/cluster.md`); a shared
+    /// persistent pool is refused unless the cluster has exactly one node
+    /// ([`ClusterError::PersistentNeedsOneNode`]).
     /// A node that cannot be reached gets the pool when it answers again; a node that
     /// refuses (a shared pool with other options, too many pools) fails the creation.
     pub async fn create_pool(&self, spec: &PoolSpec) -> Result<PoolId, ClusterError> {
@@ -192,12 +248,14 @@ impl ClusterClient {
                 };
             }
             let live: Vec<_> = view.nodes.iter().filter(|n| n.state != MemberState::Dead).collect();
-            match spec.kind {
-                PoolKind::Persistent if live.len() != 1 => {
+            match (spec.kind, spec.sharing) {
+                (PoolKind::Persistent, Sharing::Shared { .. }) if live.len() != 1 => {
                     return Err(ClusterError::PersistentNeedsOneNode { nodes: live.len() });
                 }
-                PoolKind::Persistent => (vec![live[0].link.clone()], Some(live[0].link.slot)),
-                PoolKind::Ephemeral => (
+                (PoolKind::Persistent, Sharing::Shared { .. }) => {
+                    (vec![live[0].link.clone()], Some(live[0].link.slot))
+                }
+                _ => (
                     view.nodes.iter().filter(|n| n.usable()).map(|n| n.link.clone()).collect(),
                     None,
                 ),
@@ -286,6 +344,14 @@ fn mismatch(spec: &PoolSpec) -> ClusterError {
 }
 
 impl Inner {
+    /// The nodes this client found unreachable at least `for_at_least` ago.
+    pub(crate) fn down_slots(&self, for_at_least: Duration) -> Vec<Slot> {
+        let view = self.view.read();
+        let down =
+            view.nodes.iter().filter(|n| n.link.down_for().is_some_and(|d| d >= for_at_least));
+        down.map(|n| n.link.slot).collect()
+    }
+
     /// A request to `link` failed: an unreachable node is skipped from now on (and the
     /// refresh woken to ask membership and ping it); a node that lost one of this
     /// client's pools gets it again at the next refresh; any other refusal is a miss.
@@ -296,6 +362,8 @@ impl Inner {
                     node = %link.id, %err,
                     "node unreachable: its pages are misses until it answers again"
                 );
+                // Its persistent copies are re-created if it stays down.
+                self.repair_wake.notify_one();
             }
             self.wake.notify_one();
         } else if let ClientError::UnknownPool(lost) = err {

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use fallow_core::{PoolId, StoreError};
+use fallow_core::{PageKey, PoolId, StoreError};
 
 use crate::{ClientConfig, ClientError, Endpoint, NodeRestart};
 
@@ -30,6 +30,9 @@ pub struct ClusterClientConfig {
     /// How often the members are asked again (and unreachable nodes pinged). A failed
     /// request also triggers a refresh at once.
     pub refresh_interval: Duration,
+    /// How long a node may stay unreachable before the copies of persistent pages it
+    /// holds are re-created elsewhere, as for a node membership declared dead.
+    pub repair_after: Duration,
 }
 
 impl fmt::Debug for ClusterClientConfig {
@@ -43,6 +46,7 @@ impl fmt::Debug for ClusterClientConfig {
             .field("timeout", &self.timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("refresh_interval", &self.refresh_interval)
+            .field("repair_after", &self.repair_after)
             .finish_non_exhaustive()
     }
 }
@@ -50,7 +54,8 @@ impl fmt::Debug for ClusterClientConfig {
 impl ClusterClientConfig {
     /// A config for the cluster reached through `seeds`: `A,B,C` or `fallow://A,B,C`, each
     /// `HOST:PORT` or `unix:PATH`. Defaults: a random client id, one connection per node,
-    /// 250 ms request and connect timeouts, members asked every 250 ms.
+    /// 250 ms request and connect timeouts, members asked every 250 ms, copies on a node
+    /// unreachable for 5 s re-created elsewhere.
     pub fn new(seeds: &str, secret: impl Into<Vec<u8>>) -> Result<Self, ClientError> {
         let list = seeds.strip_prefix("fallow://").unwrap_or(seeds);
         let seeds = list.split(',').map(Endpoint::parse).collect::<Result<Vec<_>, _>>()?;
@@ -63,7 +68,15 @@ impl ClusterClientConfig {
             timeout: Duration::from_millis(250),
             connect_timeout: Duration::from_millis(250),
             refresh_interval: Duration::from_millis(250),
+            repair_after: Duration::from_secs(5),
         })
+    }
+
+    /// Sets how long a node may stay unreachable before its persistent copies are
+    /// re-created elsewhere.
+    pub fn repair_after(mut self, after: Duration) -> Self {
+        self.repair_after = after;
+        self
     }
 
     /// Sets the number of connections per node (at least 1).
@@ -137,11 +150,12 @@ pub enum ClusterError {
         /// The length needed.
         expected: usize,
     },
-    /// Persistent pools are not replicated yet: losing the node would lose pages. They
-    /// are created only when the cluster has exactly one node.
+    /// Shared persistent pools are not replicated (private ones keep two copies): losing
+    /// the node would lose pages. They are created only when the cluster has exactly one
+    /// node.
     #[error(
-        "a persistent pool needs a cluster of exactly one node until pools keep two copies \
-         (the cluster has {nodes})"
+        "a shared persistent pool needs a cluster of exactly one node (the cluster has \
+         {nodes}); private persistent pools keep two copies on any cluster"
     )]
     PersistentNeedsOneNode {
         /// Live nodes in the cluster.
@@ -158,6 +172,10 @@ pub enum ClusterError {
     /// gone.
     #[error("the node holding persistent {0} is gone")]
     PoolLost(PoolId),
+    /// No copy of a persistent page this client holds could be read: both its nodes are
+    /// gone or unreachable.
+    #[error("no copy of persistent page {0:?} can be read: both its nodes are gone")]
+    CopiesLost(PageKey),
     /// A node refused the request (too many pools, an invalid spec), or a persistent
     /// pool's node failed.
     #[error(transparent)]
@@ -169,14 +187,14 @@ impl From<ClusterError> for StoreError {
         match err {
             ClusterError::UnknownPool(pool) => StoreError::UnknownPool(pool),
             ClusterError::BadLength { got, expected } => StoreError::BadLength { got, expected },
-            ClusterError::PersistentNeedsOneNode { .. } => StoreError::InvalidSpec(
-                "persistent pools need a one-node cluster until they keep two copies",
-            ),
+            ClusterError::PersistentNeedsOneNode { .. } => {
+                StoreError::InvalidSpec("shared persistent pools need a one-node cluster")
+            }
             ClusterError::SharedPoolMismatch { uuid } => StoreError::SharedPoolMismatch { uuid },
             ClusterError::Node(err) => err.into(),
-            other @ (ClusterError::NoNodeReachable(_) | ClusterError::PoolLost(_)) => {
-                StoreError::Unavailable(other.to_string())
-            }
+            other @ (ClusterError::NoNodeReachable(_)
+            | ClusterError::PoolLost(_)
+            | ClusterError::CopiesLost(_)) => StoreError::Unavailable(other.to_string()),
         }
     }
 }

@@ -210,7 +210,8 @@ impl Inner {
     }
 
     /// Takes nodes out of the view: their summary entries read as misses from now on,
-    /// and their pools are remembered in case the same run of the node comes back.
+    /// and their pools are remembered in case the same run of the node comes back. The
+    /// repair is woken to re-create the persistent copies they held.
     pub(crate) fn retire(&self, slots: &[Slot], why: &str) {
         if slots.is_empty() {
             return;
@@ -228,6 +229,7 @@ impl Inner {
             orphans.insert(entry.link.node_id, (Instant::now(), pools));
             tracing::info!(node = %entry.link.id, slot, why, "node left the placement");
         }
+        self.repair_wake.notify_one();
     }
 
     /// Pings every node found unreachable; one that answers is used again. Before that,

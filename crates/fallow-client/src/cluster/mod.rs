@@ -19,25 +19,28 @@
 //!
 //! # Semantics
 //!
-//! Ephemeral pools only span nodes: a dead node costs the misses of its pages and
-//! nothing else. A persistent pool is refused unless the cluster has one node (two copies
-//! across nodes are the next step of issue #5). `docs/cluster.md` ("Placement and
-//! failure") is the full description.
+//! Ephemeral pools: a dead node costs the misses of its pages and nothing else. Private
+//! persistent pools keep two copies of every page on two nodes (a put is stored only when
+//! both are), and a background repair re-creates the copies a dead node held; shared
+//! persistent pools need a one-node cluster. `docs/cluster.md` ("Placement and failure")
+//! is the full description.
 //!
 //! # Components
 //! [`ClusterClientConfig`]: seeds, secret, timeouts. [`ClusterClient`]: the handle
 //! (`client.rs`: connecting, pools; `pages.rs`: page requests). `placement`: weighted
 //! rendezvous hashing. `summary`: where this client put each page. `view`: nodes and
-//! pools. `membership`: the refresh that keeps the view true.
+//! pools. `membership`: the refresh that keeps the view true. `repair`: re-creating the
+//! copies of persistent pages that a dead node held.
 
 mod client;
 mod config;
 mod membership;
 mod pages;
 mod placement;
+mod repair;
 mod summary;
 mod view;
 
-pub use client::{ClusterClient, ClusterNode, NodeState};
+pub use client::{ClusterClient, ClusterNode, NodeState, ReplicationStats};
 pub use config::{ClusterClientConfig, ClusterError};
 pub use summary::SummaryStats;

@@ -5,12 +5,17 @@
 //! |---|---|---|---|
 //! | private ephemeral | to the key's rendezvous owner; the summary records it, and the key's older copy on another node is invalidated | to the node the summary names; not in the summary: a miss, no request | to the node the summary names |
 //! | shared ephemeral | to the owner, and invalidated on every other node (other clients may hold an older placement) | to the owner | on every node |
-//! | persistent (one node) | to its node | to its node | to its node |
+//! | private persistent | to the key's two best nodes; `Stored` only if both stored it (else the copy that landed is removed); the summary records both | the first copy that answers (the other if it fails or misses); a take removes both | both copies |
+//! | shared persistent (one node) | to its node | to its node | to its node |
 //!
 //! For an ephemeral pool a node that fails or cannot be reached is no error: its keys
 //! are misses, puts to it are `NotStored(Full)`, and it is skipped until it answers again.
-//! A persistent pool's failures are the caller's errors, as with a [`crate::Client`].
+//! For a private persistent pool a failed node costs nothing while the other copy
+//! answers; a page neither copy of which can be read is [`ClusterError::CopiesLost`]. A
+//! shared persistent pool's failures are the caller's errors, as with a
+//! [`crate::Client`].
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
@@ -20,10 +25,11 @@ use fallow_core::{
 };
 
 use super::client::ClusterClient;
-use super::placement::{key_hash, owner, Candidate};
+use super::placement::{key_hash, owner, top_two, Candidate};
 use super::summary::Slot;
 use super::view::{Kind, LogicalPool, NodeLink, View};
 use super::ClusterError;
+use tokio::sync::RwLockReadGuard;
 
 /// A node and a pool's id there.
 type Route = (Arc<NodeLink>, PoolId);
@@ -41,6 +47,16 @@ struct Part {
 /// A batch split by node (and pool kind, so that failures are handled per kind).
 #[derive(Default)]
 struct Parts(Vec<Part>);
+
+impl Part {
+    /// Gets or takes the part's keys.
+    async fn read(&self, read: Read) -> Result<Vec<Option<Bytes>>, crate::ClientError> {
+        match read {
+            Read::Get => self.link.client.get_many(&self.keys).await,
+            Read::Take => self.link.client.take_many(&self.keys).await,
+        }
+    }
+}
 
 impl Parts {
     fn add(&mut self, (link, id): &Route, kind: Kind, at: usize, key: &PageKey) {
@@ -77,6 +93,13 @@ impl<'a> Router<'a> {
         }
     }
 
+    /// Where a new persistent page of `key` goes: its two best nodes.
+    fn owners(&mut self, key: &PageKey, pool: &LogicalPool) -> [Option<Slot>; 2] {
+        self.cache(key.pool, pool);
+        let Some((_, candidates, _)) = self.cached.as_ref() else { return [None, None] };
+        top_two(key_hash(pool.seed, key.object, key.index), candidates)
+    }
+
     /// Where a new page of `key` goes.
     fn owner(&mut self, key: &PageKey, pool: &LogicalPool) -> Option<Slot> {
         self.cache(key.pool, pool);
@@ -99,6 +122,27 @@ impl<'a> Router<'a> {
 }
 
 impl ClusterClient {
+    /// Holds the write fence (shared) if the batch touches a private persistent pool, so
+    /// that the repair never copies a page while a write changes it.
+    async fn fence(&self, pools: impl Iterator<Item = PoolId>) -> Option<RwLockReadGuard<'_, ()>> {
+        let replicated = {
+            let view = self.inner.view.read();
+            let mut last = None;
+            let mut any = false;
+            for pool in pools {
+                if last != Some(pool) {
+                    last = Some(pool);
+                    any |= view.pools.get(&pool).is_some_and(|p| p.kind() == Kind::Replicated);
+                }
+            }
+            any
+        };
+        match replicated {
+            true => Some(self.inner.fence.read().await),
+            false => None,
+        }
+    }
+
     /// Puts `keys.len()` pages: the i-th 4096 bytes of `pages` under `keys[i]`.
     pub async fn put_many(
         &self,
@@ -110,7 +154,11 @@ impl ClusterClient {
             expected: keys.len() * PAGE_SIZE,
         })?;
         let inner = &*self.inner;
+        let _fence = self.fence(keys.iter().map(|k| k.pool)).await;
         let (mut puts, mut drops) = (Parts::default(), Parts::default());
+        // Persistent keys of private pools: position → their two holders and what each
+        // answered.
+        let mut replicas: HashMap<usize, Replica> = HashMap::new();
         {
             let view = inner.view.read();
             let mut summary = inner.summary.lock();
@@ -120,6 +168,30 @@ impl ClusterClient {
                 match pool.kind() {
                     Kind::Persistent => {
                         puts.add(&router.home(key.pool, pool)?, Kind::Persistent, i, key)
+                    }
+                    Kind::Replicated => {
+                        let targets = match router.owners(key, pool) {
+                            [Some(a), Some(b)] => {
+                                view.route(pool, a).zip(view.route(pool, b)).map(|r| ([a, b], r))
+                            }
+                            _ => None,
+                        };
+                        // The older copies go, unless the new ones overwrite them: a put
+                        // that is refused leaves no older page behind.
+                        let old = summary.remove_copies(key).unwrap_or_default();
+                        for slot in old.into_iter().filter(|&s| s != 0) {
+                            if targets.as_ref().is_some_and(|(t, _)| t.contains(&slot)) {
+                                continue;
+                            }
+                            if let Some(route) = view.route(pool, slot) {
+                                drops.add(&route, Kind::Replicated, i, key);
+                            }
+                        }
+                        if let Some((holders, (a, b))) = targets {
+                            puts.add(&a, Kind::Replicated, i, key);
+                            puts.add(&b, Kind::Replicated, i, key);
+                            replicas.insert(i, Replica { holders, ..Replica::default() });
+                        }
                     }
                     Kind::Private => {
                         let target = router.owner(key, pool);
@@ -153,17 +225,27 @@ impl ClusterClient {
         .await;
         let mut outcomes = vec![PutOutcome::NotStored(NotStored::Full); keys.len()];
         let mut stored = Vec::new();
+        let mut error = None;
         for (part, result) in puts.0.iter().zip(sent) {
             match result {
                 Ok(results) => {
-                    for (&at, outcome) in part.at.iter().zip(results) {
+                    for ((&at, key), outcome) in part.at.iter().zip(&part.keys).zip(results) {
+                        if let Some(replica) = replicas.get_mut(&at) {
+                            match outcome {
+                                PutOutcome::Stored => {
+                                    replica.stored.push((part.link.clone(), *key))
+                                }
+                                refused => replica.refused = replica.refused.or(Some(refused)),
+                            }
+                            continue;
+                        }
                         outcomes[at] = outcome;
                         if part.kind == Kind::Private && outcome == PutOutcome::Stored {
                             stored.push((keys[at], part.link.slot));
                         }
                     }
                 }
-                Err(err) if part.kind == Kind::Persistent => return Err(err.into()),
+                Err(err) if part.kind == Kind::Persistent => error = error.or(Some(err)),
                 Err(err) => inner.absorb(&part.link, &err),
             }
         }
@@ -172,21 +254,55 @@ impl ClusterClient {
                 inner.absorb(&part.link, &err);
             }
         }
+        // A persistent page is stored when both copies are; otherwise the copy that
+        // landed is removed and the put reports the refusal (`NotStored(Full)` for a
+        // node that failed).
+        let mut undo = Parts::default();
+        let mut copies = Vec::new();
+        for (at, replica) in replicas {
+            if replica.stored.len() == 2 {
+                outcomes[at] = PutOutcome::Stored;
+                copies.push((keys[at], replica.holders));
+                continue;
+            }
+            outcomes[at] = replica.refused.unwrap_or(PutOutcome::NotStored(NotStored::Full));
+            for (link, key) in replica.stored {
+                undo.add(&(link, key.pool), Kind::Replicated, at, &keys[at]);
+            }
+        }
+        if !undo.0.is_empty() {
+            let requests = undo.0.iter().map(|p| p.link.client.invalidate_pages(&p.keys));
+            for (part, result) in undo.0.iter().zip(futures::future::join_all(requests).await) {
+                if let Err(err) = result {
+                    inner.absorb(&part.link, &err);
+                }
+            }
+        }
         let mut summary = inner.summary.lock();
         for (key, slot) in stored {
             summary.insert(&key, slot);
         }
-        Ok(outcomes)
+        for (key, holders) in copies {
+            summary.insert_copies(&key, holders);
+        }
+        drop(summary);
+        match error {
+            Some(err) => Err(err.into()),
+            None => Ok(outcomes),
+        }
     }
 
     /// Gets pages; they stay. `None` for each miss, including every page of a node that
-    /// failed.
+    /// failed (for an ephemeral pool). A persistent page is read from its first copy that
+    /// answers.
     pub async fn get_many(&self, keys: &[PageKey]) -> Result<Vec<Option<Bytes>>, ClusterError> {
         self.read_many(keys, Read::Get).await
     }
 
-    /// Takes pages: a hit also removes the page. `None` for each miss.
+    /// Takes pages: a hit also removes the page (both copies of a persistent page).
+    /// `None` for each miss.
     pub async fn take_many(&self, keys: &[PageKey]) -> Result<Vec<Option<Bytes>>, ClusterError> {
+        let _fence = self.fence(keys.iter().map(|k| k.pool)).await;
         self.read_many(keys, Read::Take).await
     }
 
@@ -197,6 +313,8 @@ impl ClusterClient {
     ) -> Result<Vec<Option<Bytes>>, ClusterError> {
         let inner = &*self.inner;
         let mut parts = Parts::default();
+        // Persistent pages of private pools: position → the other copy, if usable.
+        let mut other: HashMap<usize, Route> = HashMap::new();
         {
             let view = inner.view.read();
             let mut summary = inner.summary.lock();
@@ -206,6 +324,24 @@ impl ClusterClient {
                 let kind = pool.kind();
                 let route = match kind {
                     Kind::Persistent => Some(router.home(key.pool, pool)?),
+                    // Not in the summary: this client never put it (or it was refused,
+                    // taken or invalidated): a miss, no request.
+                    Kind::Replicated => {
+                        let holders = match read {
+                            Read::Get => summary.copies(key),
+                            Read::Take => summary.remove_copies(key),
+                        };
+                        let Some(holders) = holders else { continue };
+                        let mut routes = holders
+                            .into_iter()
+                            .filter(|&s| s != 0)
+                            .filter_map(|s| view.route(pool, s));
+                        let first = routes.next().ok_or(ClusterError::CopiesLost(*key))?;
+                        if let Some(second) = routes.next() {
+                            other.insert(i, second);
+                        }
+                        Some(first)
+                    }
                     // Not in the summary: this client never put it, or saw it leave. A
                     // take forgets it now: hit or miss, the page leaves the node.
                     Kind::Private => match read {
@@ -220,17 +356,28 @@ impl ClusterClient {
                 }
             }
         }
-        let requests = parts.0.iter().map(|p| match read {
-            Read::Get => futures::future::Either::Left(p.link.client.get_many(&p.keys)),
-            Read::Take => futures::future::Either::Right(p.link.client.take_many(&p.keys)),
-        });
-        let answers = futures::future::join_all(requests).await;
+        let answers = futures::future::join_all(parts.0.iter().map(|p| p.read(read))).await;
         let mut out = vec![None; keys.len()];
         let mut left = Vec::new();
+        // Second round, for persistent pages: the other copy where the first failed or
+        // missed; for a take that hit, the other copy removed.
+        let (mut retry, mut remove) = (Parts::default(), Parts::default());
+        let mut error = None;
         for (part, answer) in parts.0.iter().zip(answers) {
             match answer {
                 Ok(pages) => {
                     for (&at, page) in part.at.iter().zip(pages) {
+                        if part.kind == Kind::Replicated {
+                            if let Some(route) = other.remove(&at) {
+                                match (&page, read) {
+                                    (None, _) => retry.add(&route, part.kind, at, &keys[at]),
+                                    (Some(_), Read::Take) => {
+                                        remove.add(&route, part.kind, at, &keys[at])
+                                    }
+                                    (Some(_), Read::Get) => {}
+                                }
+                            }
+                        }
                         if page.is_none() && part.kind == Kind::Private && read == Read::Get {
                             left.push((keys[at], part.link.slot));
                         }
@@ -238,8 +385,48 @@ impl ClusterClient {
                     }
                 }
                 Err(err) if part.kind == Kind::Persistent => return Err(err.into()),
-                Err(err) => inner.absorb(&part.link, &err),
+                Err(err) => {
+                    inner.absorb(&part.link, &err);
+                    if part.kind == Kind::Replicated {
+                        for &at in &part.at {
+                            match other.remove(&at) {
+                                Some(route) => retry.add(&route, part.kind, at, &keys[at]),
+                                None => error = error.or(Some(ClusterError::CopiesLost(keys[at]))),
+                            }
+                        }
+                    }
+                }
             }
+        }
+        if !retry.0.is_empty() || !remove.0.is_empty() {
+            let (answers, removed) = futures::future::join(
+                futures::future::join_all(retry.0.iter().map(|p| p.read(read))),
+                futures::future::join_all(
+                    remove.0.iter().map(|p| p.link.client.invalidate_pages(&p.keys)),
+                ),
+            )
+            .await;
+            for (part, answer) in retry.0.iter().zip(answers) {
+                match answer {
+                    Ok(pages) => {
+                        for (&at, page) in part.at.iter().zip(pages) {
+                            out[at] = page;
+                        }
+                    }
+                    Err(err) => {
+                        inner.absorb(&part.link, &err);
+                        error = error.or(Some(ClusterError::CopiesLost(keys[part.at[0]])));
+                    }
+                }
+            }
+            for (part, result) in remove.0.iter().zip(removed) {
+                if let Err(err) = result {
+                    inner.absorb(&part.link, &err);
+                }
+            }
+        }
+        if let Some(err) = error {
+            return Err(err);
         }
         // A page its node no longer has (evicted) is a local miss from now on.
         if !left.is_empty() {
@@ -251,9 +438,10 @@ impl ClusterClient {
         Ok(out)
     }
 
-    /// Removes pages, if present.
+    /// Removes pages, if present (both copies of a persistent page).
     pub async fn invalidate_pages(&self, keys: &[PageKey]) -> Result<(), ClusterError> {
         let inner = &*self.inner;
+        let _fence = self.fence(keys.iter().map(|k| k.pool)).await;
         let mut parts = Parts::default();
         {
             let view = inner.view.read();
@@ -264,6 +452,14 @@ impl ClusterClient {
                 match pool.kind() {
                     Kind::Persistent => {
                         parts.add(&router.home(key.pool, pool)?, Kind::Persistent, i, key)
+                    }
+                    Kind::Replicated => {
+                        let holders = summary.remove_copies(key).unwrap_or_default();
+                        for slot in holders.into_iter().filter(|&s| s != 0) {
+                            if let Some(route) = view.route(pool, slot) {
+                                parts.add(&route, Kind::Replicated, i, key);
+                            }
+                        }
                     }
                     Kind::Private => {
                         if let Some(route) = summary.remove(key).and_then(|s| view.route(pool, s)) {
@@ -290,7 +486,8 @@ impl ClusterClient {
     }
 
     /// Removes every page of one object on every node; returns how many were removed
-    /// (on the nodes that answered).
+    /// (on the nodes that answered; for a private persistent pool, the pages this client
+    /// held, each counted once).
     pub async fn invalidate_object(
         &self,
         pool: PoolId,
@@ -310,7 +507,8 @@ impl ClusterClient {
         object: Option<ObjectId>,
     ) -> Result<u64, ClusterError> {
         let inner = &*self.inner;
-        let (kind, targets) = {
+        let _fence = self.fence(std::iter::once(id)).await;
+        let (kind, targets, held) = {
             let view = inner.view.read();
             let router = Router::new(&view);
             let pool = router.pool(id)?;
@@ -319,11 +517,11 @@ impl ClusterClient {
                 _ => view.holders(pool),
             };
             let mut summary = inner.summary.lock();
-            match object {
+            let held = match object {
                 Some(object) => summary.forget_object(id, object),
                 None => summary.forget_pool(id),
-            }
-            (pool.kind(), targets)
+            };
+            (pool.kind(), targets, held)
         };
         let requests = targets.iter().map(|(link, pool)| async move {
             match object {
@@ -339,8 +537,18 @@ impl ClusterClient {
                 Err(err) => inner.absorb(link, &err),
             }
         }
-        Ok(total)
+        // Two copies of each page answered: the pages this client held, once each.
+        Ok(if kind == Kind::Replicated { held } else { total })
     }
+}
+
+/// A persistent page's put: its two holders, the copies stored (node and key there) and
+/// the first refusal.
+#[derive(Default)]
+struct Replica {
+    holders: [Slot; 2],
+    stored: Vec<(Arc<NodeLink>, PageKey)>,
+    refused: Option<PutOutcome>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -63,6 +63,27 @@ pub(crate) fn owner(key: u64, candidates: &[Candidate]) -> Option<Slot> {
     best.map(|(_, slot)| slot)
 }
 
+/// The two nodes with the highest scores for `key`, best first (the holders of a
+/// persistent page's two copies; the first is [`owner`]). `None` where fewer candidates
+/// have weight. Ties go to the lower slot, as in [`owner`].
+pub(crate) fn top_two(key: u64, candidates: &[Candidate]) -> [Option<Slot>; 2] {
+    let mut best: [Option<(f64, Slot)>; 2] = [None, None];
+    let beats = |s: f64, slot: Slot, other: Option<(f64, Slot)>| match other {
+        None => true,
+        Some((b, o)) => s > b || (s == b && slot < o),
+    };
+    for c in candidates.iter().filter(|c| c.weight > 0.0) {
+        let s = score(key, c);
+        if beats(s, c.slot, best[0]) {
+            best[1] = best[0];
+            best[0] = Some((s, c.slot));
+        } else if beats(s, c.slot, best[1]) {
+            best[1] = Some((s, c.slot));
+        }
+    }
+    best.map(|b| b.map(|(_, slot)| slot))
+}
+
 /// `w / -ln(u)` with `u` uniform in (0, 1), drawn from the key and the node's seed.
 fn score(key: u64, c: &Candidate) -> f64 {
     let h = xxh3_64_with_seed(&key.to_le_bytes(), c.seed);
@@ -148,6 +169,24 @@ mod tests {
         // Node 3's share goes from 1/3 to 1.1/3.1: about 2.2 % of keys move, all to it.
         assert!(moved < 0.035, "moved {moved:.4}");
         assert!(a.iter().zip(&b).all(|(x, y)| x == y || *y == 3));
+    }
+
+    #[test]
+    fn the_second_copy_goes_to_the_runner_up() {
+        let candidates = nodes(&[1.0, 2.0, 3.0, 1.0]);
+        for i in 0..5000 {
+            let key = key_hash(7, 1, i);
+            let [first, second] = top_two(key, &candidates);
+            assert_eq!(first, owner(key, &candidates));
+            let second = second.unwrap();
+            assert_ne!(Some(second), first);
+            // The runner-up is the owner once the best node is gone.
+            let rest: Vec<Candidate> =
+                candidates.iter().copied().filter(|c| Some(c.slot) != first).collect();
+            assert_eq!(Some(second), owner(key, &rest));
+        }
+        assert_eq!(top_two(1, &nodes(&[1.0])), [Some(1), None]);
+        assert_eq!(top_two(1, &nodes(&[0.0, 0.0])), [None, None]);
     }
 
     #[test]

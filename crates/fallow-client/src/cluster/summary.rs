@@ -1,5 +1,6 @@
 //! The summary: for every page this client put into a private ephemeral pool and has not
-//! seen leave, the node it is on. A get of a page not in the summary is a miss answered
+//! seen leave, the node it is on; for every page of a private persistent pool, the two
+//! nodes holding its copies (kept when a node is retired, until the repair replaces it). A get of a page not in the summary is a miss answered
 //! here, without a round trip, and a get of a page in it goes straight to its node, even
 //! after weights or membership changed where new puts of the key would go.
 //!
@@ -21,6 +22,8 @@
 //!
 //! A cell packs the page index (below 2^52: every page of a 2^64-byte device) and a
 //! 12-bit node slot (1..=4095) into 8 bytes; rarer larger indexes go to a small spill map.
+//! A persistent page's cell packs both holders' slots and an index below 2^40 (4 PiB of
+//! one object) instead, in separate tables, so it costs the same.
 //! Cells are open-addressed with linear probing and backward-shift deletion (no
 //! tombstones), kept between 53 % and 80 % full: a table grows 1.5 times when it passes
 //! 80 % and shrinks when it falls under 20 %. So a page costs 10 to 15 bytes in a large
@@ -44,8 +47,6 @@ const SLOT_BITS: u32 = 12;
 const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
 /// The largest slot: 4095 node incarnations known at once.
 pub(crate) const MAX_SLOT: Slot = SLOT_MASK as Slot;
-/// The largest index that fits in a cell.
-const MAX_CELL_INDEX: u64 = u64::MAX >> SLOT_BITS;
 /// The smallest table.
 const MIN_CELLS: usize = 2;
 
@@ -76,20 +77,38 @@ impl Slots {
     }
 }
 
-/// One object's pages. Invariant: `len` counts the non-empty cells, at least one cell is
-/// empty whenever any exist, and each entry sits at or after its home cell with no empty
-/// cell between them (cyclically).
-#[derive(Default)]
-struct Pages {
-    cells: Box<[u64]>,
-    len: usize,
-    /// Entries whose index is too large for a cell. Boxed: an empty map would cost every
-    /// object 48 bytes, the box costs 8.
-    #[expect(clippy::box_collection, reason = "keeps the common, empty case small")]
-    spill: Option<Box<HashMap<u64, Slot>>>,
+/// The two holders of a persistent page, packed as `first | second << 12` (0: none).
+fn pack(holders: [Slot; 2]) -> u32 {
+    u32::from(holders[0]) | u32::from(holders[1]) << SLOT_BITS
 }
 
-impl Pages {
+/// The slots of a packed value: one slot (the second 0), or two holders.
+fn unpack(value: u32) -> [Slot; 2] {
+    [(value & SLOT_MASK as u32) as Slot, (value >> SLOT_BITS) as Slot]
+}
+
+/// One object's pages. Invariant: `len` counts the non-empty cells, at least one cell is
+/// empty whenever any exist, and each entry sits at or after its home cell with no empty
+/// cell between them (cyclically). `TWO`: cells hold two 12-bit slots (a persistent
+/// page's two holders, `index << 24 | second << 12 | first`) instead of one; entries of
+/// retired slots are then kept (their pages are re-created elsewhere, see [`Summary`]).
+#[derive(Default)]
+struct Pages<const TWO: bool> {
+    cells: Box<[u64]>,
+    len: usize,
+    /// Entries whose index is too large for a cell (packed values). Boxed: an empty map
+    /// would cost every object 48 bytes, the box costs 8.
+    #[expect(clippy::box_collection, reason = "keeps the common, empty case small")]
+    spill: Option<Box<HashMap<u64, u32>>>,
+}
+
+impl<const TWO: bool> Pages<TWO> {
+    /// Bits of a cell below the index.
+    const SHIFT: u32 = if TWO { 2 * SLOT_BITS } else { SLOT_BITS };
+    const MASK: u64 = (1 << Self::SHIFT) - 1;
+    /// The largest index that fits in a cell.
+    const MAX_INDEX: u64 = u64::MAX >> Self::SHIFT;
+
     fn home(index: u64, cells: usize) -> usize {
         ((u128::from(mix(index)) * cells as u128) >> 64) as usize
     }
@@ -102,34 +121,35 @@ impl Pages {
         loop {
             match self.cells[i] {
                 0 => return Err(i),
-                cell if cell >> SLOT_BITS == index => return Ok(i),
+                cell if cell >> Self::SHIFT == index => return Ok(i),
                 _ => i = if i + 1 == n { 0 } else { i + 1 },
             }
         }
     }
 
-    fn get(&self, index: u64) -> Option<Slot> {
-        if index > MAX_CELL_INDEX {
+    /// The packed value of `index`'s entry.
+    fn get(&self, index: u64) -> Option<u32> {
+        if index > Self::MAX_INDEX {
             return self.spill.as_ref()?.get(&index).copied();
         }
         if self.cells.is_empty() {
             return None;
         }
-        self.find(index).ok().map(|i| (self.cells[i] & SLOT_MASK) as Slot)
+        self.find(index).ok().map(|i| (self.cells[i] & Self::MASK) as u32)
     }
 
-    /// Sets the entry; returns the slot it named before.
-    fn insert(&mut self, index: u64, slot: Slot, slots: &mut Slots) -> Option<Slot> {
-        debug_assert!((1..=MAX_SLOT).contains(&slot));
-        if index > MAX_CELL_INDEX {
-            return self.spill.get_or_insert_with(Default::default).insert(index, slot);
+    /// Sets the entry (a packed value); returns the value it had before.
+    fn insert(&mut self, index: u64, value: u32, slots: &mut Slots) -> Option<u32> {
+        debug_assert!(unpack(value).iter().any(|&s| (1..=MAX_SLOT).contains(&s)));
+        if index > Self::MAX_INDEX {
+            return self.spill.get_or_insert_with(Default::default).insert(index, value);
         }
         if (self.len + 1) * 5 > self.cells.len() * 4 {
             self.rebuild(self.len + 1, slots);
         }
-        let cell = index << SLOT_BITS | u64::from(slot);
+        let cell = index << Self::SHIFT | u64::from(value);
         match self.find(index) {
-            Ok(i) => Some((std::mem::replace(&mut self.cells[i], cell) & SLOT_MASK) as Slot),
+            Ok(i) => Some((std::mem::replace(&mut self.cells[i], cell) & Self::MASK) as u32),
             Err(i) => {
                 self.cells[i] = cell;
                 self.len += 1;
@@ -138,21 +158,21 @@ impl Pages {
         }
     }
 
-    /// Removes the entry; returns the slot it named.
-    fn remove(&mut self, index: u64, slots: &mut Slots) -> Option<Slot> {
-        if index > MAX_CELL_INDEX {
+    /// Removes the entry; returns its packed value.
+    fn remove(&mut self, index: u64, slots: &mut Slots) -> Option<u32> {
+        if index > Self::MAX_INDEX {
             return self.spill.as_mut()?.remove(&index);
         }
         if self.cells.is_empty() {
             return None;
         }
         let i = self.find(index).ok()?;
-        let slot = (self.cells[i] & SLOT_MASK) as Slot;
+        let value = (self.cells[i] & Self::MASK) as u32;
         self.delete_at(i);
         if self.cells.len() > 16 && self.len * 5 < self.cells.len() {
             self.rebuild(self.len, slots);
         }
-        Some(slot)
+        Some(value)
     }
 
     /// Backward-shift deletion: entries after the hole that may move closer to their home
@@ -166,7 +186,7 @@ impl Pages {
             if cell == 0 {
                 break;
             }
-            let home = Self::home(cell >> SLOT_BITS, n);
+            let home = Self::home(cell >> Self::SHIFT, n);
             // The entry at j may fill the hole unless its home lies cyclically in (hole, j].
             let stays = if hole <= j { hole < home && home <= j } else { hole < home || home <= j };
             if !stays {
@@ -179,23 +199,23 @@ impl Pages {
     }
 
     /// Rebuilds the cells for `room` entries at 53 % load, dropping entries of retired
-    /// slots (and counting them out).
+    /// slots (and counting them out) unless they are persistent pages' holders.
     fn rebuild(&mut self, room: usize, slots: &mut Slots) {
         let n = (room * 15 / 8).max(MIN_CELLS);
         let old = std::mem::replace(&mut self.cells, vec![0; n].into_boxed_slice());
         self.len = 0;
         for cell in old.iter().copied().filter(|&c| c != 0) {
             let slot = (cell & SLOT_MASK) as Slot;
-            if slots.is_retired(slot) {
+            if !TWO && slots.is_retired(slot) {
                 slots.counts[slot as usize] -= 1;
                 continue;
             }
-            match self.find(cell >> SLOT_BITS) {
+            match self.find(cell >> Self::SHIFT) {
                 Err(i) => {
                     self.cells[i] = cell;
                     self.len += 1;
                 }
-                Ok(_) => debug_assert!(false, "index {} twice in one table", cell >> SLOT_BITS),
+                Ok(_) => debug_assert!(false, "index {} twice in one table", cell >> Self::SHIFT),
             }
         }
     }
@@ -204,14 +224,25 @@ impl Pages {
         self.len == 0 && self.spill.as_ref().is_none_or(|s| s.is_empty())
     }
 
-    /// Every entry's slot.
+    /// Every entry: index and packed value.
+    fn entries(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        let cells = self.cells.iter().filter(|&&c| c != 0);
+        let cells = cells.map(|c| (c >> Self::SHIFT, (c & Self::MASK) as u32));
+        cells.chain(self.spill.iter().flat_map(|s| s.iter().map(|(i, v)| (*i, *v))))
+    }
+
+    /// Every slot the entries name (both holders of a persistent page).
     fn slots(&self) -> impl Iterator<Item = Slot> + '_ {
-        let cells = self.cells.iter().filter(|&&c| c != 0).map(|c| (c & SLOT_MASK) as Slot);
-        cells.chain(self.spill.iter().flat_map(|s| s.values().copied()))
+        self.entries().flat_map(|(_, v)| unpack(v)).filter(|&s| s != 0)
+    }
+
+    /// Entries.
+    fn count(&self) -> usize {
+        self.len + self.spill.as_ref().map_or(0, |s| s.len())
     }
 
     fn heap_bytes(&self) -> usize {
-        let spill = self.spill.as_ref().map_or(0, |s| 48 + s.capacity() * 17);
+        let spill = self.spill.as_ref().map_or(0, |s| 48 + s.capacity() * 13);
         self.cells.len() * 8 + spill
     }
 }
@@ -240,25 +271,40 @@ impl Hasher for ObjectHasher {
     }
 }
 
-type ObjectMap = HashMap<(PoolId, ObjectId), Pages, BuildHasherDefault<ObjectHasher>>;
+type ObjectMap<const TWO: bool> =
+    HashMap<(PoolId, ObjectId), Pages<TWO>, BuildHasherDefault<ObjectHasher>>;
 
 /// Where each page this client put is (see the module doc). Not thread-safe: the cluster
 /// client keeps it under one mutex, held for one batch's lookups or updates.
 #[derive(Default)]
 pub(crate) struct Summary {
-    objects: ObjectMap,
+    objects: ObjectMap<false>,
+    /// Persistent pages: both holders of each.
+    copies: ObjectMap<true>,
     slots: Slots,
 }
 
 /// How big the summary is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SummaryStats {
-    /// Pages recorded (including entries of dead nodes not yet dropped).
+    /// Pages recorded, ephemeral and persistent (including entries of dead nodes not yet
+    /// dropped).
     pub pages: u64,
+    /// Of these, pages of persistent pools (each with two holders).
+    pub persistent: u64,
     /// Objects with at least one page.
     pub objects: usize,
     /// Heap bytes held: tables, cells and the slot book.
     pub heap_bytes: usize,
+}
+
+/// Persistent pages that lost a copy, found by [`Summary::at_risk`].
+#[derive(Debug, Default)]
+pub(crate) struct AtRisk {
+    /// Pages with one live holder: the key and that holder.
+    pub pages: Vec<(PageKey, Slot)>,
+    /// Pages whose holders are both gone.
+    pub lost: u64,
 }
 
 impl Summary {
@@ -300,7 +346,7 @@ impl Summary {
     /// Where `key` is, if this client put it there.
     pub(crate) fn get(&mut self, key: &PageKey) -> Option<Slot> {
         let pages = self.objects.get(&(key.pool, key.object))?;
-        let slot = pages.get(key.index)?;
+        let slot = pages.get(key.index)? as Slot;
         if self.slots.is_retired(slot) {
             self.remove(key);
             return None;
@@ -311,9 +357,9 @@ impl Summary {
     /// Records that `key`'s latest put is on `slot`; returns where it was before.
     pub(crate) fn insert(&mut self, key: &PageKey, slot: Slot) -> Option<Slot> {
         let pages = self.objects.entry((key.pool, key.object)).or_default();
-        let old = pages.insert(key.index, slot, &mut self.slots);
+        let old = pages.insert(key.index, u32::from(slot), &mut self.slots);
         self.slots.counts[slot as usize] += 1;
-        let old = old?;
+        let old = old? as Slot;
         self.slots.counts[old as usize] -= 1;
         (!self.slots.is_retired(old)).then_some(old)
     }
@@ -322,7 +368,7 @@ impl Summary {
     pub(crate) fn remove(&mut self, key: &PageKey) -> Option<Slot> {
         let object = (key.pool, key.object);
         let pages = self.objects.get_mut(&object)?;
-        let slot = pages.remove(key.index, &mut self.slots)?;
+        let slot = pages.remove(key.index, &mut self.slots)? as Slot;
         if pages.is_empty() {
             self.objects.remove(&object);
         }
@@ -333,33 +379,117 @@ impl Summary {
     /// Forgets `key` if it is recorded on `slot` (a miss there shows it left).
     pub(crate) fn remove_if(&mut self, key: &PageKey, slot: Slot) {
         let on = self.objects.get(&(key.pool, key.object)).and_then(|p| p.get(key.index));
-        if on == Some(slot) {
+        if on == Some(u32::from(slot)) {
             self.remove(key);
         }
     }
 
-    /// Forgets every page of one object.
-    pub(crate) fn forget_object(&mut self, pool: PoolId, object: ObjectId) {
+    /// Forgets every page of one object; returns how many persistent pages it had.
+    pub(crate) fn forget_object(&mut self, pool: PoolId, object: ObjectId) -> u64 {
         if let Some(pages) = self.objects.remove(&(pool, object)) {
-            self.count_out(&pages);
+            Self::count_out(&mut self.slots, pages.slots());
+        }
+        match self.copies.remove(&(pool, object)) {
+            Some(pages) => {
+                Self::count_out(&mut self.slots, pages.slots());
+                pages.count() as u64
+            }
+            None => 0,
         }
     }
 
-    /// Forgets every page of one pool.
-    pub(crate) fn forget_pool(&mut self, pool: PoolId) {
-        let objects: Vec<_> = self.objects.keys().filter(|(p, _)| *p == pool).copied().collect();
-        for (pool, object) in objects {
-            self.forget_object(pool, object);
+    /// Forgets every page of one pool; returns how many persistent pages it had.
+    pub(crate) fn forget_pool(&mut self, pool: PoolId) -> u64 {
+        let mut objects: Vec<_> = self.objects.keys().filter(|(p, _)| *p == pool).collect();
+        objects.extend(self.copies.keys().filter(|(p, _)| *p == pool));
+        let objects: Vec<_> = objects.into_iter().copied().collect();
+        objects.into_iter().map(|(pool, object)| self.forget_object(pool, object)).sum()
+    }
+
+    fn count_out(slots: &mut Slots, named: impl Iterator<Item = Slot>) {
+        for slot in named {
+            slots.counts[slot as usize] -= 1;
         }
     }
 
-    fn count_out(&mut self, pages: &Pages) {
-        for slot in pages.slots() {
-            self.slots.counts[slot as usize] -= 1;
+    /// A holder as readers see it: 0 if none or retired.
+    fn live(&self, slot: Slot) -> Slot {
+        match slot != 0 && !self.slots.is_retired(slot) {
+            true => slot,
+            false => 0,
         }
+    }
+
+    /// The holders of persistent page `key`, retired ones as 0; `None` if this client
+    /// holds no such page. `Some([0, 0])`: both copies are gone.
+    pub(crate) fn copies(&self, key: &PageKey) -> Option<[Slot; 2]> {
+        let value = self.copies.get(&(key.pool, key.object))?.get(key.index)?;
+        Some(unpack(value).map(|s| self.live(s)))
+    }
+
+    /// Records that persistent page `key` is on both `holders` (two different slots).
+    pub(crate) fn insert_copies(&mut self, key: &PageKey, holders: [Slot; 2]) {
+        debug_assert!(holders[0] != holders[1] && !holders.contains(&0));
+        let pages = self.copies.entry((key.pool, key.object)).or_default();
+        let old = pages.insert(key.index, pack(holders), &mut self.slots);
+        for slot in holders {
+            self.slots.counts[slot as usize] += 1;
+        }
+        Self::count_out(&mut self.slots, old.into_iter().flat_map(unpack).filter(|&s| s != 0));
+    }
+
+    /// Forgets persistent page `key`; returns its holders (retired ones as 0).
+    pub(crate) fn remove_copies(&mut self, key: &PageKey) -> Option<[Slot; 2]> {
+        let object = (key.pool, key.object);
+        let pages = self.copies.get_mut(&object)?;
+        let value = pages.remove(key.index, &mut self.slots)?;
+        if pages.is_empty() {
+            self.copies.remove(&object);
+        }
+        let holders = unpack(value);
+        Self::count_out(&mut self.slots, holders.into_iter().filter(|&s| s != 0));
+        Some(holders.map(|s| self.live(s)))
+    }
+
+    /// Replaces the lost holder of `key` by `new`, if `key` is still held by `survivor`
+    /// and a holder that is retired or in `gone` (a repair); returns whether it did.
+    pub(crate) fn replace_lost(
+        &mut self,
+        key: &PageKey,
+        survivor: Slot,
+        new: Slot,
+        gone: &[Slot],
+    ) -> bool {
+        let Some(holders) = self.copies(key) else { return false };
+        let ok = match holders.map(|s| if gone.contains(&s) { 0 } else { s }) {
+            [a, 0] | [0, a] => a == survivor && new != survivor,
+            _ => false,
+        };
+        if ok {
+            self.insert_copies(key, [survivor, new]);
+        }
+        ok
+    }
+
+    /// Every persistent page with fewer than two live holders (a full pass); holders in
+    /// `gone` count as lost, as retired ones do.
+    pub(crate) fn at_risk(&self, gone: &[Slot]) -> AtRisk {
+        let mut found = AtRisk::default();
+        let live = |s: Slot| if gone.contains(&s) { 0 } else { self.live(s) };
+        for (&(pool, object), pages) in &self.copies {
+            for (index, value) in pages.entries() {
+                match unpack(value).map(live) {
+                    [0, 0] => found.lost += 1,
+                    [a, 0] | [0, a] => found.pages.push((PageKey::new(pool, object, index), a)),
+                    _ => {}
+                }
+            }
+        }
+        found
     }
 
     /// Drops every entry of a retired slot (a full pass; needed only when slots run out).
+    /// Persistent pages keep theirs until a repair replaces them.
     fn purge_retired(&mut self) {
         let objects: Vec<_> = self.objects.keys().copied().collect();
         for object in objects {
@@ -391,45 +521,61 @@ impl Summary {
     pub(crate) fn stats(&self) -> SummaryStats {
         // hashbrown: buckets are a power of two holding up to 7/8 of them, one control
         // byte each plus a group's worth.
-        let cap = self.objects.capacity();
-        let buckets = if cap == 0 {
-            0
-        } else if cap < 8 {
-            cap + 1
-        } else {
-            (cap * 8 / 7).next_power_of_two()
+        let entry = std::mem::size_of::<((PoolId, ObjectId), Pages<false>)>() + 1;
+        let outer = |cap: usize| {
+            let buckets = if cap == 0 {
+                0
+            } else if cap < 8 {
+                cap + 1
+            } else {
+                (cap * 8 / 7).next_power_of_two()
+            };
+            if buckets == 0 {
+                0
+            } else {
+                buckets * entry + 16
+            }
         };
-        let entry = std::mem::size_of::<((PoolId, ObjectId), Pages)>() + 1;
-        let outer = if buckets == 0 { 0 } else { buckets * entry + 16 };
-        let inner: usize = self.objects.values().map(Pages::heap_bytes).sum();
+        let inner: usize = self.objects.values().map(Pages::heap_bytes).sum::<usize>()
+            + self.copies.values().map(Pages::heap_bytes).sum::<usize>();
         let book = self.slots.counts.capacity() * 8 + self.slots.active.capacity() * 2;
+        let persistent: usize = self.copies.values().map(Pages::count).sum();
+        let ephemeral: usize = self.objects.values().map(Pages::count).sum();
         SummaryStats {
-            pages: self.slots.counts.iter().sum(),
-            objects: self.objects.len(),
-            heap_bytes: outer + inner + book,
+            pages: (ephemeral + persistent) as u64,
+            persistent: persistent as u64,
+            objects: self.objects.len() + self.copies.len(),
+            heap_bytes: outer(self.objects.capacity())
+                + outer(self.copies.capacity())
+                + inner
+                + book,
         }
     }
 
     /// Checks every invariant (tests).
     #[cfg(test)]
     pub(crate) fn validate(&self) {
-        let mut counts = vec![0u64; self.slots.counts.len()];
-        let mut pages = 0;
-        for pages_of in self.objects.values() {
-            assert!(!pages_of.is_empty(), "an empty object is kept");
-            let n = pages_of.cells.len();
-            let live = pages_of.cells.iter().filter(|&&c| c != 0).count();
-            assert_eq!(live, pages_of.len);
-            assert!(live < n || n == 0, "no empty cell");
-            for (i, &cell) in pages_of.cells.iter().enumerate().filter(|(_, c)| **c != 0) {
-                let index = cell >> SLOT_BITS;
-                assert_eq!(pages_of.find(index), Ok(i), "index {index} unreachable");
+        fn check<const TWO: bool>(map: &ObjectMap<TWO>, counts: &mut [u64]) -> u64 {
+            let mut pages = 0;
+            for pages_of in map.values() {
+                assert!(!pages_of.is_empty(), "an empty object is kept");
+                let n = pages_of.cells.len();
+                let live = pages_of.cells.iter().filter(|&&c| c != 0).count();
+                assert_eq!(live, pages_of.len);
+                assert!(live < n || n == 0, "no empty cell");
+                for (i, &cell) in pages_of.cells.iter().enumerate().filter(|(_, c)| **c != 0) {
+                    let index = cell >> Pages::<TWO>::SHIFT;
+                    assert_eq!(pages_of.find(index), Ok(i), "index {index} unreachable");
+                }
+                for slot in pages_of.slots() {
+                    counts[slot as usize] += 1;
+                }
+                pages += pages_of.count() as u64;
             }
-            for slot in pages_of.slots() {
-                counts[slot as usize] += 1;
-                pages += 1;
-            }
+            pages
         }
+        let mut counts = vec![0u64; self.slots.counts.len()];
+        let pages = check(&self.objects, &mut counts) + check(&self.copies, &mut counts);
         assert_eq!(counts, self.slots.counts);
         assert_eq!(pages, self.stats().pages);
     }
@@ -544,6 +690,114 @@ mod tests {
         assert_eq!(summary.stats().pages, 0);
         assert_eq!(summary.allocate_slot(), None);
         summary.validate();
+    }
+
+    #[test]
+    fn copies_agree_with_a_map_and_survive_retirement() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(6);
+        let mut summary = Summary::default();
+        let slots: Vec<Slot> = (0..4).map(|_| summary.allocate_slot().unwrap()).collect();
+        let mut model: HashMap<PageKey, [Slot; 2]> = HashMap::new();
+        let pair = |rng: &mut rand::rngs::StdRng| {
+            let a = rng.gen_range(0..slots.len());
+            let b = (a + rng.gen_range(1..slots.len())) % slots.len();
+            [slots[a], slots[b]]
+        };
+        for step in 0..40_000 {
+            let index = match rng.gen_range(0..20) {
+                0 => u64::MAX - rng.gen_range(0..4),
+                _ => rng.gen_range(0..3000),
+            };
+            let k = key(rng.gen_range(0..3), index);
+            match rng.gen_range(0..10) {
+                0..=4 => {
+                    let holders = pair(&mut rng);
+                    summary.insert_copies(&k, holders);
+                    model.insert(k, holders);
+                }
+                5..=6 => assert_eq!(summary.remove_copies(&k), model.remove(&k), "step {step}"),
+                // An ephemeral entry under the same key space never disturbs the copies.
+                7 => {
+                    summary.insert(&PageKey::new(PoolId(9), k.object, k.index), slots[0]);
+                }
+                _ => assert_eq!(summary.copies(&k), model.get(&k).copied(), "step {step}"),
+            }
+            if step % 5000 == 0 {
+                summary.validate();
+            }
+        }
+        summary.validate();
+        assert_eq!(summary.stats().persistent, model.len() as u64);
+        assert!(summary.at_risk(&[]).pages.is_empty());
+
+        // A node dies: its copies read as 0, its pages are at risk, and nothing is dropped
+        // when tables are rebuilt.
+        let dead = slots[1];
+        summary.retire(dead);
+        let held = model.values().filter(|h| h.contains(&dead)).count();
+        for i in 0..2000 {
+            summary.insert_copies(&key(7, i), [slots[0], slots[2]]);
+        }
+        let risk = summary.at_risk(&[]);
+        assert_eq!(risk.pages.len(), held);
+        assert_eq!(risk.lost, 0);
+        summary.validate();
+        assert_eq!(summary.allocate_slot().map(|s| s == dead), Some(false), "slot reused");
+        for (k, survivor) in &risk.pages {
+            let want = model[k].map(|s| if s == dead { 0 } else { s });
+            assert_eq!(summary.copies(k), Some(want));
+            assert!(want.contains(survivor));
+            // Repaired onto slot 4 (or 3 if the survivor is 4).
+            let new = if *survivor == slots[3] { slots[2] } else { slots[3] };
+            assert!(!summary.replace_lost(k, new, *survivor, &[]), "the wrong survivor");
+            assert!(summary.replace_lost(k, *survivor, new, &[]));
+            assert_eq!(summary.copies(k), Some([*survivor, new]));
+        }
+        assert!(summary.at_risk(&[]).pages.is_empty());
+        assert_eq!(summary.pages_on(dead), 0);
+        summary.validate();
+
+        // Both holders gone: lost, not at risk.
+        summary.insert_copies(&key(8, 0), [slots[0], slots[2]]);
+        summary.retire(slots[0]);
+        summary.retire(slots[2]);
+        let risk = summary.at_risk(&[]);
+        assert!(risk.lost >= 1);
+        assert_eq!(summary.copies(&key(8, 0)), Some([0, 0]));
+        assert_eq!(summary.forget_pool(PoolId(1)), model.len() as u64 + 2001);
+        summary.validate();
+    }
+
+    /// Bytes per persistent page (two holders in one 8-byte cell), as
+    /// [`summary_bytes_per_page`] measures them for ephemeral pages.
+    #[test]
+    fn summary_bytes_per_persistent_page() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(10);
+        let mut summary = Summary::default();
+        let slots: Vec<Slot> = (0..3).map(|_| summary.allocate_slot().unwrap()).collect();
+        let (mut worst, mut sum, mut samples): (f64, f64, u32) = (0.0, 0.0, 0);
+        let mut n = 0u64;
+        while n < 1_000_000 {
+            let index = rng.gen_range(0..1u64 << 24);
+            if summary.copies(&key(0, index)).is_none() {
+                let a = (index % 3) as usize;
+                summary.insert_copies(&key(0, index), [slots[a], slots[(a + 1) % 3]]);
+                n += 1;
+            }
+            if n.is_multiple_of(997) && n >= 10_000 {
+                let stats = summary.stats();
+                let per_page = stats.heap_bytes as f64 / stats.pages as f64;
+                worst = worst.max(per_page);
+                sum += per_page;
+                samples += 1;
+            }
+        }
+        let mean = sum / f64::from(samples);
+        println!(
+            "summary: 10k..1M persistent pages (two holders) in one object: mean {mean:.1}, \
+             worst {worst:.1} B/page"
+        );
+        assert!(worst <= 16.0, "worst {worst:.1} B/page");
     }
 
     /// Bytes per page for one large object (an NBD export) at several sizes, and for the

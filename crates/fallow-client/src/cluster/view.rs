@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use fallow_core::{PoolId, PoolKind, PoolSpec, Sharing};
 use fallow_proto::fallow::MemberState;
@@ -32,6 +33,8 @@ pub(crate) struct NodeLink {
     pub node_id: u128,
     /// Set when a request failed to reach it; cleared when it answers a ping.
     down: AtomicBool,
+    /// Since when it is down (the repair treats a node down for long as lost).
+    down_since: Mutex<Option<Instant>>,
     /// Its pools that were destroyed while it was down: destroyed there once it is back.
     /// A `parking_lot` mutex held for a push or a take.
     pub orphans: Mutex<Vec<PoolId>>,
@@ -45,6 +48,7 @@ impl NodeLink {
             client,
             node_id,
             down: AtomicBool::new(false),
+            down_since: Mutex::new(None),
             orphans: Mutex::new(Vec::new()),
         }
     }
@@ -56,11 +60,24 @@ impl NodeLink {
 
     /// Marks it unreachable; true if it was reachable until now.
     pub(crate) fn mark_down(&self) -> bool {
-        !self.down.swap(true, Ordering::AcqRel)
+        let first = !self.down.swap(true, Ordering::AcqRel);
+        if first {
+            *self.down_since.lock() = Some(Instant::now());
+        }
+        first
+    }
+
+    /// How long it has been down, if it is.
+    pub(crate) fn down_for(&self) -> Option<Duration> {
+        match self.is_down() {
+            true => self.down_since.lock().map(|t| t.elapsed()),
+            false => None,
+        }
     }
 
     /// Marks it reachable again.
     pub(crate) fn mark_up(&self) {
+        *self.down_since.lock() = None;
         self.down.store(false, Ordering::Release);
     }
 }
@@ -102,8 +119,11 @@ pub(crate) enum Kind {
     /// Shared and ephemeral: placed and found by rendezvous hashing alone (other clients
     /// put pages too); a put invalidates the key on every other node.
     Shared,
-    /// Persistent: lives on one node, which every request goes to; its failures are
-    /// errors.
+    /// Private and persistent: two copies, on the key's two best nodes by rendezvous
+    /// hashing, both recorded in the summary; a lost copy is re-created elsewhere.
+    Replicated,
+    /// Shared and persistent: lives on the cluster's one node, which every request goes
+    /// to; its failures are errors.
     Persistent,
 }
 
@@ -112,7 +132,7 @@ pub(crate) struct LogicalPool {
     pub spec: PoolSpec,
     /// Placement seed: random for a private pool, from the UUID for a shared one.
     pub seed: u64,
-    /// A persistent pool's one node.
+    /// A shared persistent pool's one node.
     pub home: Option<Slot>,
     /// Slot → the pool's id on that node.
     pub on: HashMap<Slot, PoolId>,
@@ -121,7 +141,8 @@ pub(crate) struct LogicalPool {
 impl LogicalPool {
     pub(crate) fn kind(&self) -> Kind {
         match (self.spec.kind, self.spec.sharing) {
-            (PoolKind::Persistent, _) => Kind::Persistent,
+            (PoolKind::Persistent, Sharing::Private) => Kind::Replicated,
+            (PoolKind::Persistent, Sharing::Shared { .. }) => Kind::Persistent,
             (PoolKind::Ephemeral, Sharing::Private) => Kind::Private,
             (PoolKind::Ephemeral, Sharing::Shared { .. }) => Kind::Shared,
         }
