@@ -384,7 +384,7 @@ fn parse_body(chunk_type: u16, flags: u16, mut r: Reader) -> Result<ChunkBody, E
 fn parse_block_status(r: &mut Reader) -> Result<ChunkBody, Error> {
     let context_id = r.u32("context id")?;
     let count = r.remaining() / 8;
-    if count == 0 || r.remaining() % 8 != 0 {
+    if count == 0 || !r.remaining().is_multiple_of(8) {
         let why = "payload is not 4 + a positive multiple of 8 bytes";
         return Err(Error::Invalid { what: "BLOCK_STATUS chunk", why });
     }
