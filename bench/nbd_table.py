@@ -134,6 +134,17 @@ def table(results_path, meta_path):
         # reads over the whole run (ramp included): IOPS x wall time is close enough
         r["cpu_us_per_read"] = r["server_cpus"] / r["iops"] * 1e6 if r["iops"] else None
         by[(r["config"], r["qd"])].append(r)
+    # Variants (--variant TAG=...): CONFIG+TAG, shown after CONFIG and paired like it.
+    tags = [v.split("=", 1)[0] for v in meta.get("variants", [])]
+    order = [c + t for c in ORDER for t in [""] + [f"+{t}" for t in tags]]
+    pairs = []
+    for a, b, what in PAIRS:
+        pairs.append((a, b, what))
+        for t in tags:
+            pairs.append((f"{a}+{t}", b, f"{what} [{t}]"))
+    for c in ORDER:
+        for t in tags:
+            pairs.append((c, f"{c}+{t}", f"this build / [{t}]"))
     label = {r["config"]: r["label"] for r in runs}
     ws = {r["config"]: r["ws_mib"] for r in runs}
     cmd = {r["config"]: r["command"] for r in runs}
@@ -172,6 +183,11 @@ def table(results_path, meta_path):
         dirty = (" plus uncommitted changes to " + ", ".join(f"`{d}`" for d in meta["dirty"]))
     p(f"| commit | `{meta['commit']}`{dirty} |")
     p(f"| command | `{meta['command']}` |")
+    for v in meta.get("variants", []):
+        tag, spec = v.split("=", 1)
+        binary, _, params = spec.partition(",")
+        p(f"| variant `{tag}` | binary {'`' + binary + '`' if binary else 'the same'}"
+          f"{', URI parameters `' + params + '`' if params else ''}: rows `CONFIG+{tag}` |")
     p(f"| tools | {meta['fio']}, {meta['nbdkit']} |")
     p(f"| fio | `rw=randread bs=4k iodepth=1/16 norandommap randrepeat=0 time_based "
       f"runtime={meta['runtime']} ramp_time={meta['ramp']} lat_percentiles=1 offset=0 size=WS` |")
@@ -185,7 +201,7 @@ def table(results_path, meta_path):
       "QD 16 latency p50 / p99 µs | hit ratio QD 1 / QD 16 | server CPU µs per read QD 1 / QD 16 "
       "| other CPUs QD 1 / QD 16 |")
     p("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for cfg in ORDER:
+    for cfg in order:
         if not (by.get((cfg, 1)) or by.get((cfg, 16))):
             continue
         hit = [stat(cfg, q, "hit_ratio") for q in (1, 16)]
@@ -211,8 +227,8 @@ def table(results_path, meta_path):
     p("| pair (per-round ratio, median) | QD 1 IOPS | QD 1 latency p50 | QD 1 mean latency | "
       "QD 16 IOPS | QD 16 latency p50 |")
     p("|---|---:|---:|---:|---:|---:|")
-    for a, b, what in PAIRS:
-        if not (by.get((a, 16)) and by.get((b, 16))):
+    for a, b, what in pairs:
+        if not any(by.get((a, q)) and by.get((b, q)) for q in (1, 16)):
             continue
         p(f"| `{a}` / `{b}`: {what} | {f_r(ratio(a, b, 1, 'iops'))} | "
           f"{f_r(ratio(a, b, 1, 'lat_p50_us'))} | {f_r(ratio(a, b, 1, 'lat_mean_us'))} | "
@@ -311,7 +327,8 @@ def table(results_path, meta_path):
                 five.append((cfg, q, h, x))
     if five:
         txt = "; ".join(f"`{c}` QD {q}: {x:.2f} × (hit ratio {h:.3f})" for c, q, h, x in five)
-        ok_q = {q: all(x >= 5 for c, qq, h, x in five if qq == q) for q in (1, 16)}
+        ok_q = {q: all(x >= 5 for c, qq, h, x in five if qq == q)
+                for q in (1, 16) if any(qq == q for _, qq, _, _ in five)}
         if all(ok_q.values()):
             met = "yes"
         elif any(ok_q.values()):
@@ -346,7 +363,7 @@ def table(results_path, meta_path):
     p("")
     p("```sh")
     seen = set()
-    for cfg in ORDER:
+    for cfg in order:
         if cfg in cmd and cmd[cfg] not in seen:
             seen.add(cmd[cfg])
             p(cmd[cfg])

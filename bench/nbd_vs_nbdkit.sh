@@ -14,7 +14,8 @@
 # markers of BENCHMARKS.md, the plot to docs/img/nbd-iops-vs-working-set.png.
 #
 # Usage: bash bench/nbd_vs_nbdkit.sh [--rounds N] [--runtime S] [--ramp S] [--pool SIZE]
-#                                    [--local-tier SIZE] [--quick] [--no-write]
+#                                    [--local-tier SIZE] [--quick] [--no-write] [--only LIST]
+#                                    [--uri-params P] [--variant TAG=[BINARY][,P]]... [--qd LIST]
 #   --rounds N         rounds of every configuration (default 3)
 #   --runtime S        measured seconds of each fio run (default 6)
 #   --ramp S           fio ramp_time before it, not measured (default 2)
@@ -22,6 +23,13 @@
 #   --local-tier SIZE  fallow's local tier (default 16M); the cache is pool + local tier
 #   --quick            1 round of 2 s: a smoke run, not numbers to publish
 #   --no-write         print the section, leave BENCHMARKS.md and the plot alone
+#   --only LIST        run only these configurations (comma-separated names, e.g.
+#                      store1,f1_empty); servers no chosen configuration needs are not started
+#   --uri-params P     appended to fallow's store URI, e.g. '?conns=2'
+#   --variant TAG=[BINARY][,P]  also run every chosen fallow configuration as CONFIG+TAG,
+#                      with that binary (default: the same) and URI parameters P, interleaved
+#                      with the others: before/after comparisons, connection counts
+#   --qd LIST          the queue depths of the groups (default "1 16"; the plot is QD 16)
 #
 # FALLOW_BIN=PATH uses that binary instead of building target/release/fallow.
 #
@@ -37,9 +45,17 @@ ramp=2
 pool=48M
 local_tier=16M
 write=1
+only=""
+qds="1 16"
+uri_params=""
+variants=()
 args_given="$*"
 while (($#)); do
     case "$1" in
+        --only) only=",$2,"; shift 2 ;;
+        --uri-params) uri_params=$2; shift 2 ;;
+        --variant) variants+=("$2"); shift 2 ;;
+        --qd) qds=$2; shift 2 ;;
         --rounds) rounds=$2; shift 2 ;;
         --runtime) runtime=$2; shift 2 ;;
         --ramp) ramp=$2; shift 2 ;;
@@ -47,7 +63,7 @@ while (($#)); do
         --local-tier) local_tier=$2; shift 2 ;;
         --quick) rounds=1; runtime=2; ramp=1; shift ;;
         --no-write) write=0; shift ;;
-        *) sed -n '16,25p' "$0" >&2; exit 2 ;;
+        *) sed -n '16,34p' "$0" >&2; exit 2 ;;
     esac
 done
 
@@ -105,6 +121,24 @@ commit=$(git rev-parse --short HEAD)
 dirty=$(git status --porcelain --untracked-files=no -- crates Cargo.toml Cargo.lock | awk '{print $2}' | tr '\n' ' ')
 has_metrics=0
 if "$fallow" nbd --help | grep -q -- '--metrics'; then has_metrics=1; fi
+# the variants: TAG=[BINARY][,URI_PARAMS], each binary copied like the main one
+declare -A v_bin v_params
+variant_tags=()
+for v in "${variants[@]}"; do
+    tag=${v%%=*} rest=${v#*=}
+    vbin=${rest%%,*} vparams=""
+    [[ $rest == *,* ]] && vparams=${rest#*,}
+    [[ -n $tag && $tag != "$v" ]] || { echo "--variant $v: expected TAG=[BINARY][,URI_PARAMS]" >&2; exit 2; }
+    if [[ -n $vbin ]]; then
+        cp "$vbin" "$work/fallow+$tag"
+        v_bin[$tag]="$work/fallow+$tag"
+    else
+        v_bin[$tag]=$fallow
+    fi
+    v_params[$tag]=$vparams
+    variant_tags+=("$tag")
+done
+selected() { [[ -z $only || $only == *",$1,"* ]]; }
 
 # --- other benchmarks: wait for them before each block ------------------------------------------
 others_pattern='fallow bench pages|memcached|governor.py|node_vs_memcached'
@@ -181,16 +215,6 @@ start_nbdkit() { # PORT NAME ARGS...
     # random data, so that no page is a zero page the pool would store for free
     timeout 300 nbdcopy --no-extents -- [ nbdkit random "${export_mib}M" seed=42 ] "nbd://127.0.0.1:$port/"
 }
-log "starting nbdkit memory and the 1 ms / 5 ms delayed stores (${export_mib} MiB each, filled with random data)"
-start_nbdkit "$p_mem" mem memory "${export_mib}M"
-start_nbdkit "$p_d1" d1 --filter=delay memory "${export_mib}M" rdelay=1ms wdelay=1ms
-start_nbdkit "$p_d5" d5 --filter=delay memory "${export_mib}M" rdelay=5ms wdelay=5ms
-# what a plain pass-through proxy costs: nbdkit's nbd plugin in front of the 1 ms store
-nbdkit -f -i 127.0.0.1 -p "$p_px" --exit-with-parent nbd uri="nbd://127.0.0.1:$p_d1/" 2>"$work/px.err" &
-pids+=($!)
-pid_px=$!
-wait_nbd "nbd://127.0.0.1:$p_px/"
-
 # --- fallow instances ---------------------------------------------------------------------------
 # name | store port | working set (MiB) | cached? | label
 ws_q=$((cache_mib / 4)) ws_h=$((cache_mib / 2)) ws_1=$cache_mib ws_2=$((cache_mib * 2)) ws_4=$((cache_mib * 4))
@@ -205,14 +229,59 @@ add_fallow f5_empty "$p_d5" "$ws_h" 0 "fallow over the 5 ms store, no cache (--p
 add_fallow f1_q "$p_d1" "$ws_q" 1 "fallow over the 1 ms store, working set 1/4 x the cache"
 add_fallow f1_c "$p_d1" "$ws_1" 1 "fallow over the 1 ms store, working set 1 x the cache"
 add_fallow f1_x4 "$p_d1" "$ws_4" 1 "fallow over the 1 ms store, working set 4 x the cache"
-fallow_names=(f1_in f1_x2 f1_empty f5_in f5_x2 f5_empty f1_q f1_c f1_x4)
+declare -A f_bin f_params
+fallow_names=()
+for n in f1_in f1_x2 f1_empty f5_in f5_x2 f5_empty f1_q f1_c f1_x4; do
+    selected "$n" || continue
+    fallow_names+=("$n")
+    f_bin[$n]=$fallow
+    f_params[$n]=$uri_params
+    for tag in "${variant_tags[@]}"; do
+        t="$n+$tag"
+        add_fallow "$t" "${f_store[$n]}" "${f_ws[$n]}" "${f_cached[$n]}" "${f_label[$n]} [$tag]"
+        f_bin[$t]=${v_bin[$tag]}
+        f_params[$t]=${v_params[$tag]}
+        fallow_names+=("$t")
+    done
+done
+twins() { # CONFIGS... -> each, followed by its variants if it is a fallow configuration
+    local c tag
+    for c in "$@"; do
+        selected "$c" || continue
+        echo "$c"
+        [[ -n ${f_store[$c]:-} ]] || continue
+        for tag in "${variant_tags[@]}"; do echo "$c+$tag"; done
+    done
+}
+
+# --- the reference servers (those the chosen configurations need) ------------------------------
+needs() { # PATTERN: some chosen configuration matches
+    local c
+    for c in mem store1 store5 proxy1 "${fallow_names[@]}"; do
+        selected "${c%%+*}" && [[ $c == $1 ]] && return 0
+    done
+    return 1
+}
+log "starting the stores the chosen configurations need (${export_mib} MiB each, filled with random data)"
+needs mem && start_nbdkit "$p_mem" mem memory "${export_mib}M"
+needs "@(store1|proxy1|f1_*)" && start_nbdkit "$p_d1" d1 --filter=delay memory "${export_mib}M" rdelay=1ms wdelay=1ms
+needs "@(store5|f5_*)" && start_nbdkit "$p_d5" d5 --filter=delay memory "${export_mib}M" rdelay=5ms wdelay=5ms
+# what a plain pass-through proxy costs: nbdkit's nbd plugin in front of the 1 ms store
+if needs proxy1; then
+    nbdkit -f -i 127.0.0.1 -p "$p_px" --exit-with-parent nbd uri="nbd://127.0.0.1:$p_d1/" 2>"$work/px.err" &
+    pids+=($!)
+    pid_px=$!
+    wait_nbd "nbd://127.0.0.1:$p_px/"
+fi
+
+
 
 fallow_cmd() { # NAME -> the command line (without --listen/--metrics)
-    local n=$1
+    local n=$1 export="d=nbd://127.0.0.1:${f_store[$1]}/${f_params[$1]}"
     if [[ ${f_cached[$n]} == 1 ]]; then
-        echo "fallow nbd --export d=nbd://127.0.0.1:${f_store[$n]}/ --pool local:$pool --local-tier $local_tier --mode exclusive"
+        echo "fallow nbd --export $export --pool local:$pool --local-tier $local_tier --mode exclusive"
     else
-        echo "fallow nbd --export d=nbd://127.0.0.1:${f_store[$n]}/ --pool none --local-tier 0"
+        echo "fallow nbd --export $export --pool none --local-tier 0"
     fi
 }
 
@@ -226,7 +295,7 @@ start_fallow() { # NAME
     local extra=()
     ((has_metrics)) && extra=(--metrics "127.0.0.1:$mport")
     # shellcheck disable=SC2086
-    "$fallow" $args --listen "127.0.0.1:$port" "${extra[@]}" 2>"$work/$n.err" &
+    "${f_bin[$n]}" $args --listen "127.0.0.1:$port" "${extra[@]}" 2>"$work/$n.err" &
     f_pid[$n]=$!
     pids+=($!)
     for _ in $(seq 200); do
@@ -329,9 +398,9 @@ measure() { # URI QD WS MPORT SERVER_PIDS FIELDS... -> one JSON line
 }
 
 # --- the rounds ---------------------------------------------------------------------------------
-group_1ms=(mem store1 proxy1 f1_in f1_x2 f1_empty)
-group_5ms=(store5 f5_in f5_x2 f5_empty)
-group_plot=(f1_q f1_c f1_x4)
+mapfile -t group_1ms < <(twins mem store1 proxy1 f1_in f1_x2 f1_empty)
+mapfile -t group_5ms < <(twins store5 f5_in f5_x2 f5_empty)
+mapfile -t group_plot < <(twins f1_q f1_c f1_x4)
 rotate() { # R ITEMS... -> the items rotated left by R
     local r=$1; shift
     local a=("$@") n=$# i
@@ -339,15 +408,17 @@ rotate() { # R ITEMS... -> the items rotated left by R
 }
 started=$SECONDS
 for ((round = 1; round <= rounds; round++)); do
-    for qd in 1 16; do
+    for qd in $qds; do
         for group in group_1ms group_5ms; do
             declare -n g=$group
+            if ((${#g[@]} == 0)); then unset -n g; continue; fi
             wait_quiet
             log "round $round/$rounds, QD $qd, ${group#group_}"
             for cfg in $(rotate $((round - 1)) "${g[@]}"); do run "$cfg" "$round" "$qd"; done
             unset -n g
         done
     done
+    ((${#group_plot[@]})) || continue
     wait_quiet
     log "round $round/$rounds, QD 16, working sets for the plot"
     for cfg in $(rotate $((round - 1)) "${group_plot[@]}"); do run "$cfg" "$round" 16; done
@@ -371,6 +442,7 @@ json.dump({
     "rounds": $rounds, "runtime": $runtime, "ramp": $ramp,
     "pool": "$pool", "local_tier": "$local_tier", "cache_mib": $cache_mib, "export_mib": $export_mib,
     "has_metrics": $has_metrics, "waited_s": $waited, "gave_up": $gave_up,
+    "uri_params": "$uri_params", "variants": "${variants[*]}".split(), "only": "$only".strip(","),
     "idle_waited_s": $idle_waited, "redone": $redone, "busy_limit": $busy_limit,
     "loadavg_end": "$(cut -d' ' -f1-3 /proc/loadavg)",
 }, open(sys.argv[1], "w"), indent=1)

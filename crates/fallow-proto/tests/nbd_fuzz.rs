@@ -71,6 +71,8 @@ fn chew(bytes: &[u8]) {
     drain(bytes, decode_request);
     drain(bytes, |b| decode_request_with_payload(b, MAX_WRITE));
     drain(bytes, |b| decode_reply(b, MAX_CHUNK));
+    drain(bytes, |b| decode_reply_head(b, MAX_CHUNK - 8, MAX_CHUNK));
+    drain(bytes, |b| decode_via_head(b, MAX_CHUNK - 8, MAX_CHUNK));
     // The data inside a message, parsed under every option and reply type it could carry.
     let data = Bytes::copy_from_slice(bytes);
     for option in 0..=12 {
@@ -79,6 +81,50 @@ fn chew(bytes: &[u8]) {
     for reply_type in [0, 1, 2, 3, 4, 5, NBD_REP_ERR_UNSUP, NBD_REP_FLAG_ERROR | 99] {
         let _ = OptionReply::parse(&RawOptionReply { option: 7, reply_type, data: data.clone() });
     }
+    for chunk_type in [0, 1, 2, 3, 5, 6, 0x8001, 0x8002, 0x8003] {
+        for flags in [0, NBD_REPLY_FLAG_DONE] {
+            let length = data.len() as u32;
+            let _ = ChunkHead { flags, chunk_type, cookie: 1, length }.parse_payload(data.clone());
+        }
+    }
+}
+
+/// A whole reply decoded the way a client that reads payloads itself does: the head with
+/// [`decode_reply_head`], then the payload it announces (parsed with
+/// [`ChunkHead::parse_payload`], or taken as `OFFSET_DATA` data). `Ok(None)` until all of it
+/// is there, leaving `buf` untouched; it must agree with [`decode_reply`] on every chunk.
+fn decode_via_head(
+    buf: &mut BytesMut,
+    max_data: u32,
+    max_chunk: u32,
+) -> Result<Option<Reply>, Error> {
+    let mut rest = buf.clone();
+    let Some(head) = decode_reply_head(&mut rest, max_data, max_chunk)? else {
+        return Ok(None);
+    };
+    let payload_len = match head {
+        ReplyHead::Simple(_) => 0,
+        ReplyHead::Data { data_len, .. } => data_len as usize,
+        ReplyHead::Chunk(chunk) => chunk.length as usize,
+    };
+    if rest.len() < payload_len {
+        return Ok(None);
+    }
+    let payload = rest.split_to(payload_len).freeze();
+    let reply = match head {
+        ReplyHead::Simple(reply) => Reply::Simple(reply),
+        ReplyHead::Data { flags, cookie, offset, .. } => Reply::Chunk(Chunk {
+            flags,
+            cookie,
+            body: ChunkBody::OffsetData { offset, data: payload },
+        }),
+        ReplyHead::Chunk(chunk) => {
+            let body = chunk.parse_payload(payload)?;
+            Reply::Chunk(Chunk { flags: chunk.flags, cookie: chunk.cookie, body })
+        }
+    };
+    *buf = rest;
+    Ok(Some(reply))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -358,10 +404,14 @@ proptest! {
         cut in any::<prop::sample::Index>(),
     ) {
         let got = round_trip(cut, |b| chunk.encode(b), |b| decode_reply(b, MAX_CHUNK))?;
+        prop_assert_eq!(&got, &Reply::Chunk(chunk.clone()));
+        let got = round_trip(cut, |b| chunk.encode(b), |b| decode_via_head(b, MAX_CHUNK - 8, MAX_CHUNK))?;
         prop_assert_eq!(got, Reply::Chunk(chunk));
         let simple = SimpleReply { error, cookie };
         let got = round_trip(cut, |b| simple.encode(b), |b| decode_reply(b, 0))?;
         prop_assert_eq!(got, Reply::Simple(simple));
+        let got = round_trip(cut, |b| simple.encode(b), |b| decode_reply_head(b, 0, 0))?;
+        prop_assert_eq!(got, ReplyHead::Simple(simple));
     }
 
     #[test]
@@ -382,5 +432,20 @@ proptest! {
         let result = decode_reply(&mut buf, max);
         prop_assert_eq!(result.is_err(), len > max);
         prop_assert!(buf.capacity() <= 2 * (20 + max as usize).max(64));
+        // The head decoder reserves nothing at all, and refuses data over its own limit
+        // (or too short for an offset and a byte) and other chunks over the other.
+        for chunk_type in [NBD_REPLY_TYPE_OFFSET_DATA, NBD_REPLY_TYPE_BLOCK_STATUS] {
+            let mut buf = BytesMut::new();
+            encode_chunk_header(&mut buf, 0, chunk_type, 1, len);
+            let capacity = buf.capacity();
+            let result = decode_reply_head(&mut buf, max, max);
+            let refused = if chunk_type == NBD_REPLY_TYPE_OFFSET_DATA {
+                len < 9 || len - 8 > max
+            } else {
+                len > max
+            };
+            prop_assert_eq!(result.is_err(), refused);
+            prop_assert_eq!(buf.capacity(), capacity);
+        }
     }
 }

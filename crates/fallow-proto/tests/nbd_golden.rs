@@ -89,6 +89,7 @@ fn check_request(request: Request, expected: Vec<u8>) {
     let mut buf = BytesMut::new();
     request.encode(&mut buf);
     assert_eq!(&buf[..], &expected[..], "encoding of {request:?}");
+    assert_eq!(&request.to_bytes()[..], &expected[..], "array encoding of {request:?}");
     assert_eq!(check_prefixes(&expected, decode_request), request);
 }
 
@@ -710,6 +711,85 @@ fn chunk_refusals() {
     // ERROR_OFFSET: no room for the offset after the message.
     let err = decode(chunk_bytes(1, 0x8002, &[0, 0, 0, 5, 0, 1, b'x', 0, 0])).unwrap_err();
     assert_eq!(err, Error::Truncated("error offset"));
+}
+
+// ---------------------------------------------------------------------------------------
+// Transmission: reply heads, for a client that reads payloads itself
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn reply_head_of_a_simple_reply_leaves_the_data() {
+    // magic (0..4), error (4..8), cookie (8..16); the READ data after it stays in the buffer.
+    let head = cat(&[&SIMPLE_MAGIC, &[0, 0, 0, 0], &COOKIE]);
+    let got = check_prefixes(&head, |b| decode_reply_head(b, 0, 0));
+    assert_eq!(got, ReplyHead::Simple(SimpleReply { error: 0, cookie: COOKIE_U64 }));
+    assert_eq!(got.cookie(), COOKIE_U64);
+    let mut buf = BytesMut::from(&cat(&[&head, b"data"])[..]);
+    assert_eq!(decode_reply_head(&mut buf, 0, 0).unwrap(), Some(got));
+    assert_eq!(&buf[..], b"data");
+}
+
+#[test]
+fn reply_head_of_offset_data_is_header_and_offset() {
+    // The chunk header (0..20) and the u64 offset (20..28): DATA_HEAD_LEN bytes; the five
+    // bytes of data stay in the buffer.
+    let whole = chunk_bytes(1, 1, &cat(&[&[0, 0, 0, 0, 0, 0, 2, 0], b"hello"]));
+    assert_eq!(DATA_HEAD_LEN, 28);
+    let got = check_prefixes(&whole[..28], |b| decode_reply_head(b, 5, 0));
+    let expected = ReplyHead::Data { flags: 1, cookie: COOKIE_U64, offset: 0x200, data_len: 5 };
+    assert_eq!(got, expected);
+    let mut buf = BytesMut::from(&whole[..]);
+    assert_eq!(decode_reply_head(&mut buf, 5, 0).unwrap(), Some(expected));
+    assert_eq!(&buf[..], b"hello");
+}
+
+#[test]
+fn reply_head_of_other_chunks_is_the_header() {
+    // u32 context id, one descriptor: the payload stays, and parses as decode_reply's would.
+    let payload = [0, 0, 0, 1, 0, 0, 0x10, 0, 0, 0, 0, 3];
+    let whole = chunk_bytes(1, 5, &payload);
+    let got = check_prefixes(&whole[..20], |b| decode_reply_head(b, 0, 12));
+    let head = ChunkHead { flags: 1, chunk_type: 5, cookie: COOKIE_U64, length: 12 };
+    assert_eq!(got, ReplyHead::Chunk(head));
+    assert!(head.is_done());
+    let body = head.parse_payload(Bytes::copy_from_slice(&payload)).unwrap();
+    let extents = vec![Extent { length: 4096, flags: NBD_STATE_HOLE | NBD_STATE_ZERO }];
+    assert_eq!(body, ChunkBody::BlockStatus { context_id: 1, extents });
+    let Reply::Chunk(chunk) = decode_reply(&mut BytesMut::from(&whole[..]), 12).unwrap().unwrap()
+    else {
+        panic!("not a chunk");
+    };
+    assert_eq!(chunk.body, body);
+    // NONE: a header and nothing else.
+    let got = check_prefixes(&chunk_bytes(1, 0, b""), |b| decode_reply_head(b, 0, 0));
+    let head = ChunkHead { flags: 1, chunk_type: 0, cookie: COOKIE_U64, length: 0 };
+    assert_eq!(got, ReplyHead::Chunk(head));
+    assert_eq!(head.parse_payload(Bytes::new()), Ok(ChunkBody::None));
+}
+
+#[test]
+fn reply_head_refusals() {
+    let head = |bytes: Vec<u8>, data: u32, chunk: u32| {
+        decode_reply_head(&mut BytesMut::from(&bytes[..]), data, chunk)
+    };
+    let err = head(cat(&[&[0x67, 0x44, 0x66, 0x99], &[0; 12]]), 0, 0).unwrap_err();
+    assert!(matches!(err, Error::BadMagic { what: "reply", .. }), "{err:?}");
+    // OFFSET_DATA: the data limit counts data bytes (length - 8), refused from the header.
+    let data = chunk_bytes(0, 1, &[0; 18]);
+    assert_eq!(head(data.clone(), 10, 0).unwrap().map(|h| h.cookie()), Some(COOKIE_U64));
+    let err = head(data[..20].to_vec(), 9, 1 << 20);
+    assert_eq!(err, Err(Error::TooLong { what: "reply data", len: 10, max: 9 }));
+    // ... and must hold its offset and at least one byte.
+    assert_eq!(head(chunk_bytes(0, 1, &[0; 7]), 10, 10), Err(Error::Truncated("data offset")));
+    let err = head(chunk_bytes(0, 1, &[0; 8]), 10, 10).unwrap_err();
+    assert!(matches!(err, Error::Invalid { what: "OFFSET_DATA chunk", .. }), "{err:?}");
+    // Other chunks: the chunk limit counts the whole payload.
+    let err = head(chunk_bytes(1, 5, &[0; 12])[..20].to_vec(), 1 << 20, 11);
+    assert_eq!(err, Err(Error::TooLong { what: "reply chunk", len: 12, max: 11 }));
+    // A payload that is not as long as its header says.
+    let chunk = ChunkHead { flags: 1, chunk_type: 2, cookie: 1, length: 12 };
+    let err = chunk.parse_payload(Bytes::from_static(&[0; 11])).unwrap_err();
+    assert!(matches!(err, Error::Invalid { what: "chunk payload", .. }), "{err:?}");
 }
 
 // ---------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 //! `fallow nbd` in front of nbdkit (the reference server) as the backing store: the data
 //! path round-trips, and with nbdkit's error filter switched on mid-run a read of data that
 //! is not cached fails with EIO and caches nothing, a write is not acknowledged, and the
-//! export works again once the errors stop. Skips when nbdkit or qemu-io is missing.
+//! export works again once the errors stop; and an upstream NBD server's holes show in the
+//! export's block status. Skips when nbdkit or qemu-io is missing.
 
 mod support;
 
@@ -122,6 +123,43 @@ fn a_sparse_file_export_reports_holes() {
     assert!(map.contains("hole,zero"), "{map}");
     assert!(map.contains("data"), "{map}");
     let _ = std::fs::remove_file(&image);
+}
+
+/// An upstream NBD server's holes show through: fallow passes `base:allocation` on, so
+/// `nbdinfo --map` of the export is nbdkit's own map, and the data reads back.
+#[test]
+fn an_upstream_nbd_export_reports_its_holes() {
+    if !have("nbdkit") || !have("nbdinfo") {
+        eprintln!("skipped: nbdkit and nbdinfo are needed (Debian packages nbdkit, libnbd-bin)");
+        return;
+    }
+    let port = support::free_port();
+    // 16 MiB: 1 MiB of 0x01 at 4 MiB and 64 KiB of 0x02 at 12 MiB, holes elsewhere.
+    let _nbdkit = KillOnDrop::spawn(
+        Command::new("nbdkit")
+            .args(["-f", "-i", "127.0.0.1", "-p", &port.to_string(), "--exit-with-parent"])
+            .args(["data", "data=@4194304 1*1048576 @12582912 2*65536", "size=16M"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    assert!(support::port_opens(port, Duration::from_secs(10)), "nbdkit did not start");
+    let upstream = format!("nbd://127.0.0.1:{port}/");
+    let export = format!("disk={upstream}");
+    let (_fallow, uri) = start_fallow(&["--export", &export, "--listen", "127.0.0.1:0"]);
+    let map = |uri: &str| {
+        let out = Command::new("timeout").args(["30", "nbdinfo", "--map", uri]).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{text} {}", String::from_utf8_lossy(&out.stderr));
+        text
+    };
+    let (ours, theirs) = (map(&uri), map(&upstream));
+    assert_eq!(ours, theirs, "fallow's map is the upstream's");
+    assert_eq!(ours.matches("hole,zero").count(), 3, "{ours}");
+    assert_eq!(ours.matches("data").count(), 2, "{ours}");
+    if have("qemu-io") {
+        let (ok, text) = qemu_io(&uri, &["read -P 0 0 4M", "read -P 1 4M 1M", "read -P 2 12M 64k"]);
+        assert!(ok, "{text}");
+    }
 }
 
 /// Write-back, killed with SIGKILL: every write acknowledged before a completed FLUSH is in

@@ -46,7 +46,7 @@
 //! with [`Info`] items and [`BlockSize`] constraints.
 //! [`Request`]: the transmission request header, [`Cmd`], and WRITE payloads.
 //! [`Reply`]: simple replies and structured reply chunks ([`Chunk`]), block-status
-//! [`Extent`]s included.
+//! [`Extent`]s included; [`ReplyHead`], for a client that reads payloads itself.
 //! [`Error`]: why bytes do not decode, and which errors a connection survives.
 
 mod error;
@@ -64,10 +64,13 @@ pub use option_reply::{
     decode_option_reply, BlockSize, Info, OptionReply, RawOptionReply, RepError,
 };
 pub use reply::{
-    decode_reply, encode_chunk_header, encode_offset_data_header, Chunk, ChunkBody, Extent, Reply,
-    SimpleReply,
+    decode_reply, decode_reply_head, encode_chunk_header, encode_offset_data_header, Chunk,
+    ChunkBody, ChunkHead, Extent, Reply, ReplyHead, SimpleReply, CHUNK_HEADER_LEN, DATA_HEAD_LEN,
+    SIMPLE_REPLY_LEN,
 };
-pub use request::{decode_request, decode_request_with_payload, take_payload, Cmd, Request};
+pub use request::{
+    decode_request, decode_request_with_payload, take_payload, Cmd, Request, REQUEST_LEN,
+};
 
 // ---------------------------------------------------------------------------------------
 // Limits

@@ -19,10 +19,15 @@
 //! and the client takes the data with [`take_payload`](super::take_payload). A chunk's
 //! length is in its header, so [`decode_reply`] takes whole chunks, bounded by the limit
 //! the caller passes.
+//!
+//! A client that wants READ data to go from the socket straight into its own buffer uses
+//! [`decode_reply_head`] instead: it takes only the head of a reply (the simple reply, an
+//! `OFFSET_DATA` chunk's header and offset, or another chunk's header) and leaves the
+//! payload for the caller, who parses a non-data payload with [`ChunkHead::parse_payload`].
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use super::wire::{lossy_string, peek_u32, truncate_message, Reader};
+use super::wire::{lossy_string, peek, peek_u32, peek_u64, truncate_message, Reader};
 use super::{Error, NBD_SIMPLE_REPLY_MAGIC, NBD_STRUCTURED_REPLY_MAGIC};
 use super::{NBD_REPLY_FLAG_DONE, NBD_REPLY_TYPE_BLOCK_STATUS, NBD_REPLY_TYPE_ERROR};
 use super::{NBD_REPLY_TYPE_ERROR_OFFSET, NBD_REPLY_TYPE_FLAG_ERROR, NBD_REPLY_TYPE_NONE};
@@ -301,12 +306,11 @@ pub fn decode_reply(buf: &mut BytesMut, max_chunk_len: u32) -> Result<Option<Rep
     };
     match magic {
         NBD_SIMPLE_REPLY_MAGIC => {
-            if buf.len() < SIMPLE_REPLY_LEN {
-                return Ok(None);
+            let reply = peek_simple(buf);
+            if reply.is_some() {
+                buf.advance(SIMPLE_REPLY_LEN);
             }
-            let mut b = buf.split_to(SIMPLE_REPLY_LEN);
-            b.advance(4);
-            Ok(Some(Reply::Simple(SimpleReply { error: b.get_u32(), cookie: b.get_u64() })))
+            Ok(reply.map(Reply::Simple))
         }
         NBD_STRUCTURED_REPLY_MAGIC => decode_chunk(buf, max_chunk_len),
         found => Err(Error::BadMagic { what: "reply", found: found.into() }),
@@ -314,26 +318,169 @@ pub fn decode_reply(buf: &mut BytesMut, max_chunk_len: u32) -> Result<Option<Rep
 }
 
 fn decode_chunk(buf: &mut BytesMut, max_chunk_len: u32) -> Result<Option<Reply>, Error> {
-    let Some(len) = peek_u32(buf, 16) else {
+    let Some(head) = peek_chunk_head(buf) else {
         return Ok(None);
     };
-    if len > max_chunk_len {
-        let (len, max) = (len.into(), max_chunk_len.into());
+    if head.length > max_chunk_len {
+        let (len, max) = (head.length.into(), max_chunk_len.into());
         return Err(Error::TooLong { what: "reply chunk", len, max });
     }
-    let total = CHUNK_HEADER_LEN + len as usize;
+    let total = CHUNK_HEADER_LEN + head.length as usize;
     if buf.len() < total {
         buf.reserve(total - buf.len());
         return Ok(None);
     }
-    let mut chunk = buf.split_to(total);
-    chunk.advance(4);
-    let flags = chunk.get_u16();
-    let chunk_type = chunk.get_u16();
-    let cookie = chunk.get_u64();
-    chunk.advance(4);
-    let body = parse_body(chunk_type, flags, Reader::new(chunk.freeze()))?;
-    Ok(Some(Reply::Chunk(Chunk { flags, cookie, body })))
+    buf.advance(CHUNK_HEADER_LEN);
+    let payload = buf.split_to(head.length as usize).freeze();
+    let body = parse_body(head.chunk_type, head.flags, Reader::new(payload))?;
+    Ok(Some(Reply::Chunk(Chunk { flags: head.flags, cookie: head.cookie, body })))
+}
+
+/// The simple reply at the front of `buf` (whose magic the caller checked), unconsumed.
+fn peek_simple(buf: &[u8]) -> Option<SimpleReply> {
+    let b = peek::<SIMPLE_REPLY_LEN>(buf)?;
+    let mut b = &b[4..];
+    Some(SimpleReply { error: b.get_u32(), cookie: b.get_u64() })
+}
+
+/// The chunk header at the front of `buf` (whose magic the caller checked), unconsumed.
+fn peek_chunk_head(buf: &[u8]) -> Option<ChunkHead> {
+    let b = peek::<CHUNK_HEADER_LEN>(buf)?;
+    let mut b = &b[4..];
+    Some(ChunkHead {
+        flags: b.get_u16(),
+        chunk_type: b.get_u16(),
+        cookie: b.get_u64(),
+        length: b.get_u32(),
+    })
+}
+
+/// The 20-byte header of a structured reply chunk, without its payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkHead {
+    /// Reply flags (`NBD_REPLY_FLAG_DONE`); unknown bits are kept (clients ignore them).
+    pub flags: u16,
+    /// The chunk type (`NBD_REPLY_TYPE_*`).
+    pub chunk_type: u16,
+    /// The cookie of the request this answers.
+    pub cookie: u64,
+    /// Bytes of payload after the header.
+    pub length: u32,
+}
+
+impl ChunkHead {
+    /// True on the last chunk of a reply.
+    pub fn is_done(&self) -> bool {
+        self.flags & NBD_REPLY_FLAG_DONE != 0
+    }
+
+    /// Client: parses the payload that followed this header, under the rules of
+    /// [`decode_reply`]. `Err` also when `payload` is not `length` bytes long.
+    pub fn parse_payload(&self, payload: Bytes) -> Result<ChunkBody, Error> {
+        if payload.len() != self.length as usize {
+            let why = "not as long as the chunk header says";
+            return Err(Error::Invalid { what: "chunk payload", why });
+        }
+        parse_body(self.chunk_type, self.flags, Reader::new(payload))
+    }
+}
+
+/// What a client decodes of a reply before its payload (see [`decode_reply_head`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplyHead {
+    /// A simple reply; a successful READ's data (the request's length) follows.
+    Simple(SimpleReply),
+    /// The header and offset of an `NBD_REPLY_TYPE_OFFSET_DATA` chunk: `data_len` bytes of
+    /// data (at least one) follow.
+    Data {
+        /// Reply flags (`NBD_REPLY_FLAG_DONE`).
+        flags: u16,
+        /// The cookie of the request this answers.
+        cookie: u64,
+        /// Absolute offset in the export of the first data byte.
+        offset: u64,
+        /// Bytes of data that follow.
+        data_len: u32,
+    },
+    /// The header of any other chunk: its `length` bytes of payload follow, for
+    /// [`ChunkHead::parse_payload`].
+    Chunk(ChunkHead),
+}
+
+impl ReplyHead {
+    /// The cookie of the request this answers.
+    pub fn cookie(&self) -> u64 {
+        match self {
+            ReplyHead::Simple(reply) => reply.cookie,
+            ReplyHead::Data { cookie, .. } => *cookie,
+            ReplyHead::Chunk(head) => head.cookie,
+        }
+    }
+}
+
+/// Bytes of an `OFFSET_DATA` chunk before its data: the header and the 64-bit offset.
+pub const DATA_HEAD_LEN: usize = CHUNK_HEADER_LEN + 8;
+
+/// Client: takes the head of one reply off the front of `buf` and leaves its payload there
+/// (see [`ReplyHead`]): 16 bytes for a simple reply, [`DATA_HEAD_LEN`] for an
+/// `OFFSET_DATA` chunk, 20 for any other chunk.
+///
+/// `max_data_len` bounds the data of an `OFFSET_DATA` chunk (the largest READ the client
+/// sends), `max_chunk_len` the payload of any other chunk (the largest the client will
+/// buffer whole: block-status descriptors, error messages). A longer claim is
+/// `Err(TooLong)` at once, before the caller buffers anything for it.
+///
+/// `Ok(None)`: the head is incomplete; `buf` is untouched and nothing is reserved (the
+/// caller sizes its own buffer). `Err`: a bad magic, a length over its limit, or an
+/// `OFFSET_DATA` chunk too short for its offset and one byte of data; the client hangs up.
+pub fn decode_reply_head(
+    buf: &mut BytesMut,
+    max_data_len: u32,
+    max_chunk_len: u32,
+) -> Result<Option<ReplyHead>, Error> {
+    let Some(magic) = peek_u32(buf, 0) else {
+        return Ok(None);
+    };
+    match magic {
+        NBD_SIMPLE_REPLY_MAGIC => {
+            let reply = peek_simple(buf);
+            if reply.is_some() {
+                buf.advance(SIMPLE_REPLY_LEN);
+            }
+            Ok(reply.map(ReplyHead::Simple))
+        }
+        NBD_STRUCTURED_REPLY_MAGIC => {
+            let Some(head) = peek_chunk_head(buf) else {
+                return Ok(None);
+            };
+            if head.chunk_type != NBD_REPLY_TYPE_OFFSET_DATA {
+                if head.length > max_chunk_len {
+                    let (len, max) = (head.length.into(), max_chunk_len.into());
+                    return Err(Error::TooLong { what: "reply chunk", len, max });
+                }
+                buf.advance(CHUNK_HEADER_LEN);
+                return Ok(Some(ReplyHead::Chunk(head)));
+            }
+            let data_len = match head.length.checked_sub(8) {
+                None => return Err(Error::Truncated("data offset")),
+                Some(0) => {
+                    return Err(Error::Invalid { what: "OFFSET_DATA chunk", why: "no data" })
+                }
+                Some(n) if n > max_data_len => {
+                    let (len, max) = (n.into(), max_data_len.into());
+                    return Err(Error::TooLong { what: "reply data", len, max });
+                }
+                Some(n) => n,
+            };
+            let Some(offset) = peek_u64(buf, CHUNK_HEADER_LEN) else {
+                return Ok(None);
+            };
+            buf.advance(DATA_HEAD_LEN);
+            let (flags, cookie) = (head.flags, head.cookie);
+            Ok(Some(ReplyHead::Data { flags, cookie, offset, data_len }))
+        }
+        found => Err(Error::BadMagic { what: "reply", found: found.into() }),
+    }
 }
 
 fn parse_body(chunk_type: u16, flags: u16, mut r: Reader) -> Result<ChunkBody, Error> {

@@ -133,13 +133,20 @@ impl Request {
 
     /// Client: appends the header. A WRITE's `length` bytes of data go right after it.
     pub fn encode(&self, buf: &mut BytesMut) {
-        buf.reserve(REQUEST_LEN);
-        buf.put_u32(NBD_REQUEST_MAGIC);
-        buf.put_u16(self.flags);
-        buf.put_u16(self.cmd.into());
-        buf.put_u64(self.cookie);
-        buf.put_u64(self.offset);
-        buf.put_u32(self.length);
+        buf.put_slice(&self.to_bytes());
+    }
+
+    /// Client: the header as an array, for a client that queues headers without a buffer.
+    pub fn to_bytes(&self) -> [u8; REQUEST_LEN] {
+        let mut out = [0u8; REQUEST_LEN];
+        let mut b = &mut out[..];
+        b.put_u32(NBD_REQUEST_MAGIC);
+        b.put_u16(self.flags);
+        b.put_u16(self.cmd.into());
+        b.put_u64(self.cookie);
+        b.put_u64(self.offset);
+        b.put_u32(self.length);
+        out
     }
 }
 
