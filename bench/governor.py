@@ -877,15 +877,14 @@ def section(ctx, m, gb, runs, mm, load):
         add("**Why.** " + (
             f"Giving back costs {fnum(per_gib)} ms per GiB in one `set_budget` here (median). Little of it "
             f"is under the store lock (the longest step under it, waiting for it included, took {fnum(hold, 3)} ms "
-            "in all runs): most is the kernel's `munmap` of each 2 MiB segment, which the engine does one "
-            "segment per call after releasing the lock. " if per_gib else "")
-            + (f"On this machine that alone costs {fnum(cost.get((False, 1)))} ms/GiB, and "
+            "in all runs): most is the kernel's `munmap`, which the engine does after releasing the lock, "
+            "one call per extent of 8 adjacent 2 MiB segments (since 2026-11-22; one call per segment "
+            "before). " if per_gib else "")
+            + (f"On this machine unmapping one segment per call costs {fnum(cost.get((False, 1)))} ms/GiB, and "
                f"{fnum(cost.get((True, 1)))} ms/GiB when another thread of the process is running on the other "
-               "CPU (each call is a TLB shootdown: an inter-processor interrupt, costly in a VM); unmapping 8 "
-               f"adjacent segments per call costs {fnum(cost.get((False, 8)))} / {fnum(cost.get((True, 8)))} "
-               "ms/GiB (section 3). So the 10 ms target is out of reach of one-segment-per-call unmapping on "
-               "this 2-CPU VM while the node serves, and within reach of batched unmapping (adjacent "
-               "segments, or one `madvise(MADV_DONTNEED)` over a range): an engine change. " if cost else "")
+               "CPU (each call is a TLB shootdown: an inter-processor interrupt, costly in a VM); 8 adjacent "
+               f"segments per call, as the engine now does, cost {fnum(cost.get((False, 8)))} / "
+               f"{fnum(cost.get((True, 8)))} ms/GiB (section 3). " if cost else "")
             + "The gets slowed past 1 ms during a shrink are not waiting for the lock either: while the "
             "governor thread spends those milliseconds in the kernel, it holds one of the two CPUs that the "
             "node's runtime threads, the reader and the hog (and, on this shared machine, other people's "
