@@ -1,0 +1,189 @@
+//! Opening a connection: connect, then the fixed-newstyle handshake (structured replies,
+//! `base:allocation`, `NBD_OPT_GO` with block sizes).
+
+use super::*;
+
+/// Connects, negotiates and starts the reader: a connection for slot `slot`.
+pub(super) async fn open(
+    uri: &NbdUri,
+    slot: usize,
+    durability: &Arc<Durability>,
+) -> io::Result<(Arc<Conn>, ExportInfo)> {
+    tokio::time::timeout(CONNECT_TIMEOUT, async {
+        let cannot =
+            |e: io::Error| io::Error::new(e.kind(), format!("cannot connect to {uri}: {e}"));
+        let (mut reader, mut writer): (Reader, WriteHalf) = match uri {
+            NbdUri::Tcp { addr, .. } => {
+                let s = tokio::net::TcpStream::connect(addr.as_str()).await.map_err(cannot)?;
+                s.set_nodelay(true)?;
+                let (r, w) = s.into_split();
+                (Box::new(r), WriteHalf::Tcp(w))
+            }
+            NbdUri::Unix { path, .. } => {
+                let s = tokio::net::UnixStream::connect(path).await.map_err(cannot)?;
+                let (r, w) = s.into_split();
+                (Box::new(r), WriteHalf::Unix(w))
+            }
+        };
+        let mut input = BytesMut::with_capacity(GULP);
+        let mut haggle =
+            Haggle { uri, reader: &mut reader, writer: &mut writer, input: &mut input };
+        let (info, structured, base_allocation) = haggle.negotiate().await?;
+        let conn = Arc::new(Conn {
+            label: format!("{uri} #{slot}"),
+            structured,
+            base_allocation,
+            writer,
+            outbox: Mutex::new(Outbox::default()),
+            pending: Mutex::new(HashMap::new()),
+            state: AtomicU8::new(OPEN),
+            stop: Notify::new(),
+            durability: durability.clone(),
+            unflushed: AtomicU64::new(0),
+        });
+        let replies = Replies { conn: conn.clone(), reader, input, max_data: info.max_payload };
+        tokio::spawn(replies.run());
+        Ok((conn, info))
+    })
+    .await
+    .map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("{uri}: no answer within {CONNECT_TIMEOUT:?}"),
+        )
+    })?
+}
+
+pub(super) fn protocol_error(uri: &NbdUri, what: impl std::fmt::Display) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, format!("{uri}: {what}"))
+}
+
+/// Option haggling on a new connection.
+pub(super) struct Haggle<'a> {
+    pub(super) uri: &'a NbdUri,
+    pub(super) reader: &'a mut Reader,
+    pub(super) writer: &'a mut WriteHalf,
+    pub(super) input: &'a mut BytesMut,
+}
+
+impl Haggle<'_> {
+    /// Fixed newstyle; structured replies and `base:allocation` if the server has them;
+    /// then GO (a server without GO is too old).
+    /// Returns what the export is, whether structured replies were agreed, and the id of
+    /// `base:allocation`.
+    pub(super) async fn negotiate(&mut self) -> io::Result<(ExportInfo, bool, Option<u32>)> {
+        let flags = loop {
+            let greeting = decode_greeting(self.input);
+            if let Some(flags) = greeting.map_err(|e| protocol_error(self.uri, e))? {
+                break flags;
+            }
+            self.fill().await?;
+        };
+        if flags & NBD_FLAG_FIXED_NEWSTYLE == 0 {
+            return Err(protocol_error(self.uri, "server does not speak fixed newstyle"));
+        }
+        let mut client_flags = NBD_FLAG_C_FIXED_NEWSTYLE;
+        if flags & NBD_FLAG_NO_ZEROES != 0 {
+            client_flags |= NBD_FLAG_C_NO_ZEROES;
+        }
+        let mut out = BytesMut::new();
+        encode_client_flags(&mut out, client_flags);
+        Opt::StructuredReply.encode(&mut out);
+        self.writer.write_all(&out).await?;
+        let structured = match self.reply(NBD_OPT_STRUCTURED_REPLY).await? {
+            OptionReply::Ack => true,
+            OptionReply::Error { .. } => false,
+            other => return Err(self.unexpected("STRUCTURED_REPLY", &other)),
+        };
+        let base_allocation = if structured { self.base_allocation().await? } else { None };
+        let (size, flags, max_payload) = self.go().await?;
+        let block_status = base_allocation.is_some();
+        Ok((ExportInfo { size, flags, max_payload, block_status }, structured, base_allocation))
+    }
+
+    /// SET_META_CONTEXT `base:allocation`: the id the server gives it, if it does.
+    pub(super) async fn base_allocation(&mut self) -> io::Result<Option<u32>> {
+        let query = MetaContextOpt {
+            export: self.uri.export().to_string(),
+            queries: vec![BASE_ALLOCATION.to_string()],
+        };
+        self.send(Opt::SetMetaContext(query)).await?;
+        let mut id = None;
+        loop {
+            match self.reply(NBD_OPT_SET_META_CONTEXT).await? {
+                OptionReply::MetaContext { id: got, name } if name == BASE_ALLOCATION => {
+                    id = Some(got);
+                }
+                // Not asked for; a client ignores what it does not use.
+                OptionReply::MetaContext { .. } => {}
+                OptionReply::Ack => return Ok(id),
+                OptionReply::Error { .. } => return Ok(None),
+                other => return Err(self.unexpected("SET_META_CONTEXT", &other)),
+            }
+        }
+    }
+
+    /// GO with a request for the block sizes: (size, transmission flags, max payload).
+    pub(super) async fn go(&mut self) -> io::Result<(u64, u16, u32)> {
+        let name = self.uri.export().to_string();
+        self.send(Opt::Go(ExportOpt { name, info_requests: vec![NBD_INFO_BLOCK_SIZE] })).await?;
+        let (mut size, mut flags, mut max_payload) = (None, 0u16, DEFAULT_MAX_PAYLOAD);
+        loop {
+            match self.reply(NBD_OPT_GO).await? {
+                OptionReply::Info(Info::Export { size: s, flags: f }) => {
+                    size = Some(s);
+                    flags = f;
+                }
+                OptionReply::Info(Info::BlockSize(b)) => {
+                    max_payload = b.max.clamp(4096, DEFAULT_MAX_PAYLOAD)
+                }
+                OptionReply::Info(_) => {}
+                OptionReply::Ack => break,
+                OptionReply::Error { error, message } => {
+                    // A soft disconnect, as the spec asks (after NBD_REP_ERR_SHUTDOWN it
+                    // must); the connection is dropped either way.
+                    let _ = self.send(Opt::Abort).await;
+                    let why = format!("export refused ({error:?}): {message}");
+                    return Err(protocol_error(self.uri, why));
+                }
+                other => return Err(self.unexpected("GO", &other)),
+            }
+        }
+        let size = size.ok_or_else(|| protocol_error(self.uri, "GO succeeded without a size"))?;
+        Ok((size, flags, max_payload))
+    }
+
+    pub(super) async fn send(&mut self, opt: Opt) -> io::Result<()> {
+        let mut out = BytesMut::new();
+        opt.encode(&mut out);
+        self.writer.write_all(&out).await
+    }
+
+    /// The next option reply, which must answer `option`.
+    pub(super) async fn reply(&mut self, option: u32) -> io::Result<OptionReply> {
+        let raw = loop {
+            let decoded = decode_option_reply(self.input);
+            if let Some(raw) = decoded.map_err(|e| protocol_error(self.uri, e))? {
+                break raw;
+            }
+            self.fill().await?;
+        };
+        if raw.option != option {
+            let why = format!("a reply to option {} while {} was asked", raw.option, option);
+            return Err(protocol_error(self.uri, why));
+        }
+        OptionReply::parse(&raw).map_err(|e| protocol_error(self.uri, e))
+    }
+
+    pub(super) fn unexpected(&self, option: &str, reply: &OptionReply) -> io::Error {
+        protocol_error(self.uri, format!("unexpected reply to {option}: {reply:?}"))
+    }
+
+    pub(super) async fn fill(&mut self) -> io::Result<()> {
+        if self.reader.read_buf(self.input).await? == 0 {
+            let why = "server closed during negotiation";
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, why));
+        }
+        Ok(())
+    }
+}
