@@ -93,6 +93,7 @@ NOT_STORED_OVER_QUOTA = 2
 # CREATE_POOL flag bits.
 FLAG_COMPRESS = 1
 FLAG_QUOTA = 2
+FLAG_CLUSTER = 4  # a cluster pool: the node spreads it over the cluster (peer forwarding)
 
 # MEMBERS (section 4.6): entry layout, member states, entry flags.
 MEMBER_ENTRY_LEN = 56
@@ -166,8 +167,9 @@ def hello_body(client_id, name, version_min=VERSION, version_max=VERSION):
 
 
 def create_pool_body(persistent=False, shared_uuid=None, dedup_domain=None, compress=False,
-                     quota_pages=None):
+                     quota_pages=None, cluster=False):
     flags = (FLAG_COMPRESS if compress else 0) | (FLAG_QUOTA if quota_pages is not None else 0)
+    flags |= FLAG_CLUSTER if cluster else 0
     return struct.pack(
         "<BBBBIQQ",
         1 if persistent else 0,
@@ -382,9 +384,12 @@ class Client:
         self._expect_len(self.call(OP_PING, b""), 0, "PING")
 
     def create_pool(self, persistent=False, shared_uuid=None, dedup_domain=None, compress=False,
-                    quota_pages=None):
-        """Creates a pool (or attaches to the shared pool `shared_uuid`); returns its id."""
-        body = create_pool_body(persistent, shared_uuid, dedup_domain, compress, quota_pages)
+                    quota_pages=None, cluster=False):
+        """Creates a pool (or attaches to the shared pool `shared_uuid`); returns its id.
+        `cluster`: a cluster pool, whose pages the node spreads over the cluster it gossips
+        with (a node alone refuses it with INVALID_SPEC)."""
+        body = create_pool_body(persistent, shared_uuid, dedup_domain, compress, quota_pages,
+                                cluster)
         reply = self.call(OP_CREATE_POOL, body)
         self._expect_len(reply, 4, "CREATE_POOL")
         return struct.unpack("<I", reply)[0]

@@ -116,7 +116,11 @@ impl Client {
     /// connection failed and the op allows it. A timeout is not retried: the request has
     /// had its time, and a node that does not answer is likely gone (a retry would double
     /// the wait).
-    async fn request(&self, request: &Request, keys: usize) -> Result<Reply, ClientError> {
+    pub(crate) async fn request(
+        &self,
+        request: &Request,
+        keys: usize,
+    ) -> Result<Reply, ClientError> {
         let op = request.op();
         let mut attempts = if retryable(op) { 2 } else { 1 };
         loop {
@@ -144,13 +148,24 @@ impl Client {
     }
 
     /// The most pages per request, as the node announced.
-    async fn max_batch(&self) -> Result<usize, ClientError> {
+    pub(crate) async fn max_batch(&self) -> Result<usize, ClientError> {
         Ok(self.conn().await?.max_batch)
     }
 
     /// Creates a pool, or attaches to the shared pool with the spec's UUID.
     pub async fn create_pool(&self, spec: &PoolSpec) -> Result<PoolId, ClientError> {
         match self.request(&Request::CreatePool(*spec), 0).await? {
+            Reply::Pool(pool) => Ok(pool),
+            other => Err(failure(other, None)),
+        }
+    }
+
+    /// Creates a cluster pool through this node (CREATE_POOL with the cluster flag): the
+    /// node spreads the pool's pages over the cluster it gossips with and forwards every
+    /// request on it, so one connection reaches the whole cluster's memory. A node that
+    /// does not gossip refuses with `INVALID_SPEC` (`docs/cluster.md`, "Peer forwarding").
+    pub async fn create_cluster_pool(&self, spec: &PoolSpec) -> Result<PoolId, ClientError> {
+        match self.request(&Request::CreateClusterPool(*spec), 0).await? {
             Reply::Pool(pool) => Ok(pool),
             other => Err(failure(other, None)),
         }
@@ -324,7 +339,7 @@ impl Client {
 }
 
 /// Splits `keys` into runs of one pool, at most `max` long, in order.
-fn runs(
+pub(crate) fn runs(
     keys: &[PageKey],
     max: usize,
 ) -> impl Iterator<Item = (PoolId, std::ops::Range<usize>)> + '_ {
@@ -344,12 +359,12 @@ fn runs(
     })
 }
 
-fn refs(keys: &[PageKey]) -> Vec<PageRef> {
+pub(crate) fn refs(keys: &[PageKey]) -> Vec<PageRef> {
     keys.iter().map(|k| PageRef { object: k.object, index: k.index }).collect()
 }
 
 /// The error for a reply that is not the success its request expects.
-fn failure(reply: Reply, pool: Option<PoolId>) -> ClientError {
+pub(crate) fn failure(reply: Reply, pool: Option<PoolId>) -> ClientError {
     match reply {
         Reply::Error { status: Status::UnknownPool, message } => match pool {
             Some(pool) => ClientError::UnknownPool(pool),

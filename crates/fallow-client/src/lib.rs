@@ -32,16 +32,18 @@ mod client;
 mod cluster;
 mod config;
 mod conn;
+mod dedup;
 mod error;
 mod stats;
 
 pub use blocking::BlockingClient;
 pub use client::Client;
 pub use cluster::{
-    ClusterClient, ClusterClientConfig, ClusterError, ClusterNode, NodeState, ReplicationStats,
-    SummaryStats,
+    ClusterClient, ClusterClientConfig, ClusterError, ClusterNode, DedupStats, NodeState,
+    ReplicationStats, SummaryStats,
 };
 pub use config::{ClientConfig, Endpoint, NodeRestart};
+pub use dedup::MAX_SUMMARY_BYTES;
 pub use error::ClientError;
 pub use fallow_proto::fallow::{MemberInfo, MemberState};
 pub use stats::NodeStats;

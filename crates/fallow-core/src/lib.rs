@@ -12,6 +12,7 @@
 //! (an NBD server over a remote pool); [`StoreError`], [`PutOutcome`] and [`Lookup`] are
 //! their results.
 
+pub mod content;
 mod key;
 mod listen;
 mod member;
@@ -23,7 +24,9 @@ pub use key::{ObjectId, PageIndex, PageKey, PoolId};
 pub use listen::{prepare_unix_socket, ListenAddr};
 pub use member::MemberState;
 pub use pool::{DedupScope, PoolKind, PoolSpec, Sharing, TrustDomain};
-pub use store::{check_batch, check_page, Lookup, NotStored, PageStore, PutOutcome, StoreError};
+pub use store::{
+    check_batch, check_page, HashPutOutcome, Lookup, NotStored, PageStore, PutOutcome, StoreError,
+};
 pub use store_async::AsyncPageStore;
 
 /// The size of every page in a pool, in bytes. Fixed: the arena, the checksums, the wire

@@ -64,6 +64,20 @@ pub enum PutOutcome {
     NotStored(NotStored),
 }
 
+/// The result of storing a page by its content hash instead of its bytes (the node
+/// protocol's PUT_HASHES, used for dedup across nodes).
+#[must_use]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HashPutOutcome {
+    /// The store held a live page with this hash and checksum; the key now shares it.
+    Stored,
+    /// No such content is held (or the pool does not dedup): send the page itself. Any
+    /// older page under the key is gone, as after a refused put.
+    NotHeld,
+    /// Refused, as a put of the page would have been.
+    NotStored(NotStored),
+}
+
 /// Why a put was not stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NotStored {

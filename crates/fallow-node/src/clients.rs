@@ -2,14 +2,18 @@
 //! every connection with that id reaches the same pools: the private pools it created and
 //! the shared pools whose UUID it presented. Pools belong to the client, not to a
 //! connection, so a reconnect finds them again; they are destroyed when the client
-//! destroys them or when its lease runs out (no connection for `client_lease`).
+//! destroys them or when its lease runs out (no connection for `client_lease`). A
+//! client's cluster pools (peer forwarding, `forward.rs`) are kept apart from its engine
+//! pools, so the reachability check of an ordinary request does not change.
 //!
 //! # Locking
 //! `Clients::table` (a `parking_lot::Mutex`) guards the id → client map and each client's
 //! connection count; it is held for map updates only, never across `.await` or an engine
 //! call. `Client::pools` (an `RwLock`) guards one client's pools: read-locked for the
-//! reachability check of every request, write-locked to create or destroy. Order:
-//! `table` → `Client::pools` → the engine's locks.
+//! reachability check of every request, write-locked to create or destroy;
+//! `Client::cluster_pools` likewise for cluster pools, never held with `pools`.
+//! `Clients::released` (a `Mutex`) is taken alone. Order: `table` → `Client::pools` →
+//! the engine's locks.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,11 +23,16 @@ use fallow_core::{PageStore, PoolId, PoolSpec, Sharing, StoreError};
 use fallow_pool::Engine;
 use parking_lot::{Mutex, RwLock};
 
+use crate::forward::is_cluster_pool;
+
 /// One client: its pools.
 #[derive(Debug, Default)]
 pub struct Client {
     /// Pool id → the spec it was created or attached with.
     pools: RwLock<HashMap<PoolId, PoolSpec>>,
+    /// Cluster pool id (`forward.rs`) → its spec. Apart from `pools`, so the ordinary
+    /// request path never looks at it.
+    cluster_pools: RwLock<HashMap<PoolId, PoolSpec>>,
 }
 
 /// Why a pool operation of a client failed.
@@ -41,9 +50,36 @@ impl Client {
         self.pools.read().contains_key(&pool)
     }
 
-    /// How many pools the client holds.
+    /// How many pools the client holds, cluster pools included.
     pub fn pool_count(&self) -> usize {
-        self.pools.read().len()
+        self.pools.read().len() + self.cluster_pools.read().len()
+    }
+
+    /// True when this client may use cluster pool `pool`.
+    pub fn can_reach_cluster_pool(&self, pool: PoolId) -> bool {
+        self.cluster_pools.read().contains_key(&pool)
+    }
+
+    /// The cluster pool this client already holds under a shared spec's UUID: its id when
+    /// `spec` is the same, a mismatch when not. `None` for a private spec or a UUID the
+    /// client does not hold.
+    pub(crate) fn held_cluster_pool(&self, spec: &PoolSpec) -> Option<Result<PoolId, StoreError>> {
+        let Sharing::Shared { uuid } = spec.sharing else { return None };
+        let pools = self.cluster_pools.read();
+        let (id, held) = pools.iter().find(|(_, held)| held.sharing == spec.sharing)?;
+        Some(if held == spec { Ok(*id) } else { Err(StoreError::SharedPoolMismatch { uuid }) })
+    }
+
+    /// Records a cluster pool the forwarder created or attached for this client. False when
+    /// the client already held it (two attaches of one shared pool raced).
+    pub(crate) fn add_cluster_pool(&self, pool: PoolId, spec: &PoolSpec) -> bool {
+        debug_assert!(is_cluster_pool(pool), "{pool} is not a cluster pool id");
+        self.cluster_pools.write().insert(pool, *spec).is_none()
+    }
+
+    /// Forgets one of the client's cluster pools; false when it held no such pool.
+    pub(crate) fn remove_cluster_pool(&self, pool: PoolId) -> bool {
+        self.cluster_pools.write().remove(&pool).is_some()
     }
 
     /// The pools this client can reach, in id order.
@@ -76,6 +112,12 @@ impl Client {
             return Err(PoolError::TooMany(max_pools));
         }
         let id = engine.create_pool(spec).map_err(PoolError::Store)?;
+        if is_cluster_pool(id) {
+            // Ids with the top bit name cluster pools; an engine that handed out 2^31
+            // ids has none left that cannot be mistaken for one.
+            let _ = engine.destroy_pool(id);
+            return Err(PoolError::Store(StoreError::TooManyPools));
+        }
         pools.insert(id, *spec);
         Ok(id)
     }
@@ -89,15 +131,17 @@ impl Client {
         engine.destroy_pool(pool)
     }
 
-    /// Destroys every pool of the client (its lease ran out, or the node stops).
-    fn release_all(&self, engine: &Engine) -> usize {
+    /// Destroys every engine pool of the client (its lease ran out) and hands back its
+    /// cluster pools, which the forwarder releases (that takes requests to other nodes).
+    fn release_all(&self, engine: &Engine) -> (usize, Vec<PoolId>) {
         let pools: Vec<PoolId> = self.pools.write().drain().map(|(id, _)| id).collect();
         for pool in &pools {
             if let Err(err) = engine.destroy_pool(*pool) {
                 tracing::warn!(%pool, %err, "destroying an expired client's pool failed");
             }
         }
-        pools.len()
+        let cluster: Vec<PoolId> = self.cluster_pools.write().drain().map(|(id, _)| id).collect();
+        (pools.len() + cluster.len(), cluster)
     }
 }
 
@@ -113,6 +157,8 @@ struct Entry {
 #[derive(Debug, Default)]
 pub struct Clients {
     table: Mutex<HashMap<u128, Entry>>,
+    /// Cluster pools of expired clients, waiting for the forwarder to release them.
+    released: Mutex<Vec<PoolId>>,
 }
 
 impl Clients {
@@ -168,10 +214,17 @@ impl Clients {
             ids.into_iter().filter_map(|id| table.remove(&id).map(|e| (id, e.client))).collect()
         };
         for (id, client) in &expired {
-            let pools = client.release_all(engine);
+            let (pools, cluster) = client.release_all(engine);
+            self.released.lock().extend(cluster);
             tracing::info!(client = %format_args!("{id:032x}"), pools, "client lease expired");
         }
         expired.len()
+    }
+
+    /// The cluster pools of clients whose lease expired since the last call: each lost
+    /// one user.
+    pub(crate) fn take_released_cluster_pools(&self) -> Vec<PoolId> {
+        std::mem::take(&mut *self.released.lock())
     }
 }
 
@@ -225,6 +278,32 @@ mod tests {
         let a = Clients::default().connect(1);
         a.create_pool(&engine, &PoolSpec::ephemeral(), 1).unwrap();
         assert_eq!(a.create_pool(&engine, &PoolSpec::ephemeral(), 1), Err(PoolError::TooMany(1)));
+    }
+
+    #[test]
+    fn cluster_pools_are_kept_apart_and_released_with_the_lease() {
+        let engine = engine();
+        let clients = Clients::default();
+        let a = clients.connect(1);
+        let cluster = PoolId(crate::forward::CLUSTER_POOL_BIT | 4);
+        let spec = PoolSpec::ephemeral().shared(9);
+        assert!(a.add_cluster_pool(cluster, &spec));
+        assert!(!a.add_cluster_pool(cluster, &spec), "held already");
+        assert!(a.can_reach_cluster_pool(cluster) && !a.can_reach(cluster));
+        assert_eq!(a.held_cluster_pool(&spec), Some(Ok(cluster)));
+        let other = PoolSpec::persistent().shared(9);
+        assert_eq!(
+            a.held_cluster_pool(&other),
+            Some(Err(StoreError::SharedPoolMismatch { uuid: 9 }))
+        );
+        assert_eq!(a.held_cluster_pool(&PoolSpec::ephemeral()), None, "private: always new");
+        let own = a.create_pool(&engine, &PoolSpec::ephemeral(), 8).unwrap();
+        assert_eq!((a.pool_count(), a.pools()), (2, vec![own]));
+        clients.disconnect(1);
+        assert_eq!(clients.expire(&engine, Duration::ZERO), 1);
+        assert_eq!(clients.take_released_cluster_pools(), vec![cluster]);
+        assert!(clients.take_released_cluster_pools().is_empty());
+        assert!(engine.pool_stats(own).is_err());
     }
 
     #[test]

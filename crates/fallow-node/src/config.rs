@@ -11,6 +11,8 @@ use serde::Deserialize;
 
 use fallow_core::ListenAddr;
 
+use crate::summary::SummarySettings;
+
 /// Everything a running node needs besides its engine.
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
@@ -34,6 +36,12 @@ pub struct NodeConfig {
     pub write_timeout: Duration,
     /// Cluster membership by gossip (`docs/cluster.md`); `None` runs the node alone.
     pub cluster: Option<ClusterSettings>,
+    /// How long a request forwarded for a cluster pool (`forward.rs`) may wait for
+    /// another node, and connecting to one may take: a node that does not answer in time
+    /// costs misses, as with the cluster client, whose default this is.
+    pub forward_timeout: Duration,
+    /// The content summary served to clients that dedup across nodes.
+    pub summary: SummarySettings,
 }
 
 /// How a node joins a cluster. The timings are `fallow_cluster`'s defaults.
@@ -60,6 +68,8 @@ impl NodeConfig {
             handshake_timeout: Duration::from_secs(10),
             write_timeout: Duration::from_secs(30),
             cluster: None,
+            forward_timeout: Duration::from_millis(250),
+            summary: SummarySettings::default(),
         }
     }
 }
@@ -91,6 +101,16 @@ pub struct ConfigFile {
     pub join: Option<Vec<String>>,
     /// The UDP address to gossip on, as for `--gossip`.
     pub gossip: Option<String>,
+    /// False-positive rate of the content summary, as for `--summary-fpr`.
+    pub summary_fpr: Option<f64>,
+    /// Largest content summary, as a size, as for `--summary-max`.
+    pub summary_max: Option<String>,
+    /// Seconds a content summary is served before it is rebuilt, as for
+    /// `--summary-refresh`.
+    pub summary_refresh_secs: Option<u64>,
+    /// Milliseconds a forwarded request may wait for another node, as for
+    /// `--forward-timeout`.
+    pub forward_timeout_ms: Option<u64>,
 }
 
 impl ConfigFile {

@@ -5,7 +5,9 @@
 //! (invalidate a pool or object, destroy a pool, stats) to blocking threads, and writes
 //! all replies ready with one write. So a pipelining client gets its replies batched, and a
 //! slow request never holds up the page requests behind it: replies leave in completion
-//! order, matched by request id.
+//! order, matched by request id. Requests on cluster pools (peer forwarding) run as tokio
+//! tasks (`forward.rs`) and come back through the same channel; a connection with
+//! `forward::MAX_IN_FLIGHT_PER_CONNECTION` of them running stops reading until one ends.
 //!
 //! Hostile input: a bad length field closes the connection (the stream cannot be
 //! resynchronised); a bad body gets an error reply and the connection goes on; anything
@@ -25,6 +27,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::cmd::{self, handshake, handshake::Phase};
+use crate::forward;
 use crate::node::Node;
 
 /// The longest frame accepted before authentication: HELLO and AUTH are under 100 bytes.
@@ -62,7 +65,22 @@ enum Closed {
 enum Drained {
     Yes,
     No,
+    /// Stopped: the connection has its most forwarded requests in flight. Nothing more is
+    /// read until one of them finishes.
+    Paused,
 }
+
+/// Which kind of background request a reply on the `slow_done` channel finishes.
+#[derive(Debug, Clone, Copy)]
+enum Lane {
+    /// On a blocking thread (`cmd::is_slow`).
+    Slow,
+    /// A tokio task forwarding to the cluster (`forward::is_forwarded`).
+    Forwarded,
+}
+
+/// A finished background request: its reply frame.
+type Finished = (Lane, BytesMut);
 
 struct Connection {
     node: Arc<Node>,
@@ -70,7 +88,8 @@ struct Connection {
     phase: Phase,
     out: BytesMut,
     slow_in_flight: usize,
-    slow_done: mpsc::UnboundedSender<BytesMut>,
+    forwarded_in_flight: usize,
+    slow_done: mpsc::UnboundedSender<Finished>,
 }
 
 /// Serves one accepted connection until it closes.
@@ -89,6 +108,7 @@ where
         phase: Phase::AwaitHello,
         out: BytesMut::with_capacity(READ_CHUNK),
         slow_in_flight: 0,
+        forwarded_in_flight: 0,
         slow_done,
     };
     let closed = conn.run(stream, slow_results, shutdown).await;
@@ -114,7 +134,7 @@ impl Connection {
     async fn run<S>(
         &mut self,
         mut stream: S,
-        mut slow_results: mpsc::UnboundedReceiver<BytesMut>,
+        mut slow_results: mpsc::UnboundedReceiver<Finished>,
         shutdown: CancellationToken,
     ) -> Closed
     where
@@ -133,12 +153,13 @@ impl Connection {
                     Err(_) => return Closed::WriteTimeout,
                 }
             }
-            match verdict {
+            let paused = match verdict {
                 Err(closed) => return closed,
                 // The output filled up mid-burst: whole frames may still wait in `input`.
                 Ok(Drained::No) => continue,
-                Ok(Drained::Yes) => {}
-            }
+                Ok(Drained::Yes) => false,
+                Ok(Drained::Paused) => true,
+            };
             let ready = matches!(self.phase, Phase::Ready { .. });
             if input.capacity() - input.len() < READ_CHUNK / 4 {
                 input.reserve(READ_CHUNK);
@@ -146,11 +167,8 @@ impl Connection {
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return Closed::Shutdown,
-                Some(reply) = slow_results.recv() => {
-                    self.slow_in_flight -= 1;
-                    self.out.extend_from_slice(&reply);
-                }
-                read = stream.read_buf(&mut input) => match read {
+                Some(finished) = slow_results.recv() => self.finished(finished),
+                read = stream.read_buf(&mut input), if !paused => match read {
                     Ok(0) if !input.is_empty() => {
                         self.node.metrics().reject("truncated_frame");
                         return Closed::Protocol(format!(
@@ -174,16 +192,15 @@ impl Connection {
     async fn finish_slow<S>(
         &mut self,
         stream: &mut S,
-        slow_results: &mut mpsc::UnboundedReceiver<BytesMut>,
+        slow_results: &mut mpsc::UnboundedReceiver<Finished>,
         config: &crate::NodeConfig,
     ) -> Closed
     where
         S: AsyncWrite + Unpin,
     {
-        while self.slow_in_flight > 0 {
-            let Some(reply) = slow_results.recv().await else { break };
-            self.slow_in_flight -= 1;
-            self.out.extend_from_slice(&reply);
+        while self.slow_in_flight + self.forwarded_in_flight > 0 {
+            let Some(finished) = slow_results.recv().await else { break };
+            self.finished(finished);
         }
         if !self.out.is_empty() {
             match tokio::time::timeout(config.write_timeout, stream.write_all(&self.out)).await {
@@ -200,6 +217,9 @@ impl Connection {
     /// connection must close (after the output, which may hold the reason, is written).
     fn process(&mut self, input: &mut BytesMut) -> Result<Drained, Closed> {
         while self.out.len() < FLUSH_AT {
+            if self.forwarded_in_flight >= forward::MAX_IN_FLIGHT_PER_CONNECTION {
+                return Ok(Drained::Paused);
+            }
             let limit = match self.phase {
                 Phase::Ready { .. } => MAX_FRAME_LEN,
                 _ => PRE_AUTH_MAX_FRAME,
@@ -305,6 +325,10 @@ impl Connection {
                 return self.refuse(op, Status::NotAuthenticated, "request before authentication");
             }
             (Phase::Ready { client, .. }, request) => {
+                if forward::is_forwarded(&request) {
+                    self.spawn_forwarded(client.clone(), request, id, started);
+                    return Ok(());
+                }
                 if cmd::is_slow(&request) && self.slow_in_flight < MAX_SLOW_IN_FLIGHT {
                     self.spawn_slow(client.clone(), request, id, started);
                     return Ok(());
@@ -340,7 +364,57 @@ impl Connection {
             let status = cmd::execute(&node, &client, request, id, &mut out);
             node.metrics().request(op, status, started.elapsed().as_secs_f64());
             // The connection may have closed meanwhile; then the reply has nowhere to go.
-            let _ = done.send(out);
+            let _ = done.send((Lane::Slow, out));
         });
+    }
+
+    /// A background request finished: its reply joins the output.
+    fn finished(&mut self, (lane, reply): Finished) {
+        match lane {
+            Lane::Slow => self.slow_in_flight -= 1,
+            Lane::Forwarded => self.forwarded_in_flight -= 1,
+        }
+        self.out.extend_from_slice(&reply);
+    }
+
+    /// Runs a request on a cluster pool as a tokio task: it waits on other nodes, and
+    /// neither this connection nor any other waits with it.
+    fn spawn_forwarded(
+        &mut self,
+        client: Arc<crate::clients::Client>,
+        request: Request,
+        id: u64,
+        started: Instant,
+    ) {
+        self.forwarded_in_flight += 1;
+        let node = self.node.clone();
+        let op = request.op();
+        let mut reply =
+            ForwardedReply { done: self.slow_done.clone(), op, id, out: BytesMut::new() };
+        tokio::spawn(async move {
+            let status = forward::execute(&node, &client, request, id, &mut reply.out).await;
+            node.metrics().request(op, status, started.elapsed().as_secs_f64());
+        });
+    }
+}
+
+/// Delivers a forwarded request's reply when its task ends, however it ends: a task that
+/// panicked still answers (`INTERNAL`), so the connection's count of forwarded requests in
+/// flight stays true and it never stays paused.
+struct ForwardedReply {
+    done: mpsc::UnboundedSender<Finished>,
+    op: Op,
+    id: u64,
+    out: BytesMut,
+}
+
+impl Drop for ForwardedReply {
+    fn drop(&mut self) {
+        let mut out = std::mem::take(&mut self.out);
+        if out.is_empty() {
+            encode_error(&mut out, self.op as u8, self.id, Status::Internal, "forwarding failed");
+        }
+        // The connection may have closed meanwhile; then the reply has nowhere to go.
+        let _ = self.done.send((Lane::Forwarded, out));
     }
 }

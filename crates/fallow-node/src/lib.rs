@@ -17,16 +17,20 @@
 //! [`metrics`]: Prometheus counters and the `/metrics` endpoint. [`lending`]: how much to
 //! lend, following the host's memory pressure. [`config`]: settings and the TOML file.
 //! `membership`: joining the cluster (`fallow-cluster`) and publishing capacity.
+//! `forward`: peer forwarding, cluster pools served through an embedded cluster client.
+//! [`summary`]: the content summary (a Bloom filter) for clients that dedup across nodes.
 
 pub mod clients;
 mod cmd;
 pub mod config;
 mod connection;
+mod forward;
 pub mod lending;
 mod membership;
 pub mod metrics;
 mod node;
 mod server;
+pub mod summary;
 
 pub use config::{ClusterSettings, ConfigFile, NodeConfig};
 pub use fallow_core::ListenAddr;

@@ -68,7 +68,7 @@ pub struct OpMetrics {
 pub enum PageEvent {
     /// A get or take found the page.
     Hit,
-    /// A get or take did not.
+    /// A get or take did not; for a put by hash, the content was not held.
     Miss,
     /// A put was stored.
     Stored,
@@ -82,7 +82,7 @@ pub struct Metrics {
     registry: Registry,
     per_op: Vec<(Op, OpMetrics)>,
     requests: Family<OpStatus, Counter>,
-    page_handles: [[Counter; 4]; 3],
+    page_handles: [[Counter; 4]; 4],
     /// Open connections.
     pub connections: Gauge,
     /// Connections accepted since start.
@@ -90,6 +90,19 @@ pub struct Metrics {
     rejections: Family<Kind, Counter>,
     engine: EngineGauges,
     cluster: ClusterGauges,
+    forwarding: ForwardGauges,
+    /// Forwarded requests running (peer forwarding, `forward.rs`).
+    pub forwarded_in_flight: Gauge,
+}
+
+/// Peer forwarding: requests and pages of cluster pools, served through the cluster.
+/// Label lookups per request are fine here: each such request waits on other nodes.
+#[derive(Debug)]
+struct ForwardGauges {
+    requests: Family<OpStatus, Counter>,
+    latency: HistogramFamily,
+    pages: Family<PageResult, Counter>,
+    pools: Gauge,
 }
 
 /// Read from the cluster member at scrape time; all zero when the node does not gossip.
@@ -115,6 +128,8 @@ struct EngineGauges {
     corruptions: Gauge,
     over_budget: Gauge,
     metadata: Gauge,
+    summary_builds: Gauge,
+    summary_bytes: Gauge,
     clients: Gauge,
     pools: Gauge,
     host_available: Gauge,
@@ -165,7 +180,7 @@ impl Metrics {
             rejections.clone(),
         );
         let engine = EngineGauges::default();
-        let gauges: [(&str, &str, &Gauge); 13] = [
+        let gauges: [(&str, &str, &Gauge); 15] = [
             ("lent_bytes", "The lent budget", &engine.lent),
             ("mapped_bytes", "Bytes mapped for page frames", &engine.mapped),
             ("used_bytes", "Bytes of frames holding pages", &engine.used),
@@ -184,6 +199,12 @@ impl Metrics {
             ),
             ("over_budget_bytes", "Persistent bytes a shrink could not shed", &engine.over_budget),
             ("metadata_bytes", "Heap bytes of index and tables", &engine.metadata),
+            (
+                "content_summary_builds",
+                "Content summaries built for clients",
+                &engine.summary_builds,
+            ),
+            ("content_summary_bytes", "Size of the last content summary", &engine.summary_bytes),
             ("clients", "Clients known (connected or within their lease)", &engine.clients),
             ("pools", "Pools held by clients", &engine.pools),
             (
@@ -241,6 +262,41 @@ impl Metrics {
             "Gossip datagrams dropped: wrong tag (another secret, a stranger) or not understood",
             cluster.rejected.clone(),
         );
+        let forwarding = ForwardGauges {
+            latency: Family::new_with_constructor(|| {
+                // 20 µs to about 10 s, doubling: these requests cross the network.
+                Histogram::new(exponential_buckets(2e-5, 2.0, 20))
+            }),
+            requests: Family::default(),
+            pages: Family::default(),
+            pools: Gauge::default(),
+        };
+        registry.register(
+            "forwarded_requests",
+            "Requests on cluster pools forwarded to the cluster, by op and status",
+            forwarding.requests.clone(),
+        );
+        registry.register(
+            "forwarded_request_duration_seconds",
+            "Time to serve a request forwarded to the cluster, by op",
+            forwarding.latency.clone(),
+        );
+        registry.register(
+            "forwarded_pages",
+            "Pages of forwarded requests by op and result (hit, miss, stored, refused)",
+            forwarding.pages.clone(),
+        );
+        registry.register(
+            "cluster_pools",
+            "Cluster pools this node serves for its clients (peer forwarding)",
+            forwarding.pools.clone(),
+        );
+        let forwarded_in_flight = Gauge::default();
+        registry.register(
+            "forwarded_in_flight",
+            "Forwarded requests running",
+            forwarded_in_flight.clone(),
+        );
         // Every label from the start, at 0, so a dashboard sees the series before any change.
         for state in MemberState::ALL {
             let _ = cluster.members.get_or_create(&StateLabel { state: state.name() });
@@ -256,7 +312,7 @@ impl Metrics {
                 (op, OpMetrics { ok, latency })
             })
             .collect();
-        let page_ops = ["get", "take", "put"];
+        let page_ops = ["get", "take", "put", "put_hashes"];
         let results = ["hit", "miss", "stored", "refused"];
         let page_handles = page_ops.map(|op| {
             results.map(|result| pages.get_or_create(&PageResult { op, result }).clone())
@@ -271,6 +327,8 @@ impl Metrics {
             rejections,
             engine,
             cluster,
+            forwarding,
+            forwarded_in_flight,
         }
     }
 
@@ -288,6 +346,30 @@ impl Metrics {
         } else {
             self.requests.get_or_create(&OpStatus { op: op.name(), status: status.name() }).inc();
         }
+    }
+
+    /// Counts a forwarded request answered with `status`, which took `seconds`.
+    pub fn forwarded(&self, op: Op, status: Status, seconds: f64) {
+        let f = &self.forwarding;
+        f.requests.get_or_create(&OpStatus { op: op.name(), status: status.name() }).inc();
+        f.latency.get_or_create(&OpLabel { op: op.name() }).observe(seconds);
+    }
+
+    /// Counts `n` pages of a forwarded page op with result `event`.
+    pub fn forwarded_pages(&self, op: Op, event: PageEvent, n: u64) {
+        let result = match event {
+            PageEvent::Hit => "hit",
+            PageEvent::Miss => "miss",
+            PageEvent::Stored => "stored",
+            PageEvent::Refused => "refused",
+        };
+        self.forwarding.pages.get_or_create(&PageResult { op: op.name(), result }).inc_by(n);
+    }
+
+    /// Forwarded requests of `op` answered with `status` so far.
+    pub fn forwarded_count(&self, op: Op, status: Status) -> u64 {
+        let label = OpStatus { op: op.name(), status: status.name() };
+        self.forwarding.requests.get_or_create(&label).get()
     }
 
     /// Counts `n` pages of a page op with result `event`.
@@ -330,8 +412,12 @@ impl Metrics {
         set(&e.corruptions, stats.corruptions);
         set(&e.over_budget, (stats.over_budget_frames * fallow_core::PAGE_SIZE) as u64);
         set(&e.metadata, stats.metadata_bytes as u64);
+        let (builds, bytes) = node.summaries().usage();
+        set(&e.summary_builds, builds);
+        set(&e.summary_bytes, bytes as u64);
         set(&e.clients, node.clients().len() as u64);
         set(&e.pools, node.clients().pool_count() as u64);
+        set(&self.forwarding.pools, node.cluster_pool_count() as u64);
         if let Some(lending) = node.lending_status() {
             set(&e.host_available, lending.host_available_bytes);
             e.psi_some_avg10.set(lending.psi_some_avg10);
@@ -367,6 +453,7 @@ fn page_row(op: Op) -> Option<usize> {
         Op::Get => Some(0),
         Op::Take => Some(1),
         Op::Put => Some(2),
+        Op::PutHashes => Some(3),
         _ => None,
     }
 }

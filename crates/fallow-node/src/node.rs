@@ -1,5 +1,6 @@
 //! The state one node shares between all its connections: the engine, the clients and
-//! their pools, the secret, the metrics, the lending governor and the cluster membership.
+//! their pools, the secret, the metrics, the lending governor, the cluster membership and
+//! the forwarder of cluster pools.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
@@ -9,8 +10,10 @@ use fallow_pool::Engine;
 
 use crate::clients::Clients;
 use crate::config::NodeConfig;
+use crate::forward::Forwarder;
 use crate::lending::{GovernorHandle, GovernorStatus};
 use crate::metrics::Metrics;
+use crate::summary::Summaries;
 
 /// One node's shared state.
 #[derive(Debug)]
@@ -24,6 +27,10 @@ pub struct Node {
     /// Set once by `Server::start` when the node gossips: membership needs the bound
     /// addresses, which exist only after the listeners are.
     cluster: OnceLock<Cluster>,
+    /// Cluster pools and the cluster client that serves them (`forward.rs`).
+    forwarder: Forwarder,
+    /// The content summary for clients that dedup across nodes (`summary.rs`).
+    summaries: Summaries,
     started: Instant,
 }
 
@@ -31,6 +38,7 @@ impl Node {
     /// A node serving `engine` with `config`. `lending` is the governor that sized the
     /// budget (fixed or following the host); the node keeps it running while it lives.
     pub fn new(engine: Arc<Engine>, config: NodeConfig, lending: Option<GovernorHandle>) -> Self {
+        let summaries = Summaries::new(config.summary);
         Self {
             engine,
             config,
@@ -39,6 +47,8 @@ impl Node {
             metrics: Metrics::new(),
             lending,
             cluster: OnceLock::new(),
+            forwarder: Forwarder::default(),
+            summaries,
             started: Instant::now(),
         }
     }
@@ -81,6 +91,21 @@ impl Node {
     /// Records the cluster member (once; a second call is ignored).
     pub(crate) fn set_cluster(&self, cluster: Cluster) {
         let _ = self.cluster.set(cluster);
+    }
+
+    /// The forwarder of cluster pools.
+    pub(crate) fn forwarder(&self) -> &Forwarder {
+        &self.forwarder
+    }
+
+    /// Cluster pools this node serves for its clients (peer forwarding).
+    pub fn cluster_pool_count(&self) -> usize {
+        self.forwarder.pool_count()
+    }
+
+    /// The content summaries served to clients (CONTENT_SUMMARY).
+    pub(crate) fn summaries(&self) -> &Summaries {
+        &self.summaries
     }
 
     /// Seconds since the node started.

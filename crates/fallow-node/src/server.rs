@@ -97,6 +97,9 @@ impl Server {
     /// accepting, closes every connection (each writes the replies it has ready), waits
     /// for them up to a few seconds, and removes the Unix socket files.
     pub async fn shutdown(self) {
+        // First, while this node still answers: its cluster pools have pages and pools
+        // on the other nodes (and on this one, through its own listener).
+        self.node.forwarder().shutdown().await;
         if let Some(cluster) = self.node.cluster() {
             cluster.leave().await;
         }
@@ -123,7 +126,8 @@ fn over_limit(node: &Node, peer: &str) -> bool {
     false
 }
 
-/// Destroys the pools of clients whose lease ran out, a few times per lease.
+/// Destroys the pools of clients whose lease ran out, a few times per lease (their cluster
+/// pools through the forwarder).
 async fn expire_clients(node: Arc<Node>, shutdown: CancellationToken) {
     let lease = node.config().client_lease;
     let every = (lease / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
@@ -132,8 +136,12 @@ async fn expire_clients(node: Arc<Node>, shutdown: CancellationToken) {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
         }
-        let node = node.clone();
-        let _ =
-            tokio::task::spawn_blocking(move || node.clients().expire(node.engine(), lease)).await;
+        let expiring = node.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            expiring.clients().expire(expiring.engine(), lease)
+        })
+        .await;
+        let released = node.clients().take_released_cluster_pools();
+        node.forwarder().release_expired(released).await;
     }
 }

@@ -13,52 +13,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use fallow_client::{
-    Client, ClusterClient, ClusterClientConfig, ClusterError, MemberState, NodeState,
-};
-use fallow_core::{PageKey, PoolId, PoolSpec, PutOutcome, PAGE_SIZE};
-use fallow_node::ClusterSettings;
-use support::{page, Options, TestNode, SECRET};
-
-/// A node that gossips, joining `join` (gossip addresses).
-fn gossiping(join: Vec<String>) -> TestNode {
-    TestNode::with(Options {
-        cluster: Some(ClusterSettings { gossip: None, join }),
-        budget: 32 << 20,
-        ..Options::default()
-    })
-}
-
-fn gossip_addr(node: &TestNode) -> String {
-    node.node.cluster().expect("it gossips").gossip_addr().to_string()
-}
-
-/// Three gossiping nodes that all list each other alive.
-async fn three_nodes() -> Vec<TestNode> {
-    let a = gossiping(vec![]);
-    let b = gossiping(vec![gossip_addr(&a)]);
-    let c = gossiping(vec![gossip_addr(&a), gossip_addr(&b)]);
-    let nodes = vec![a, b, c];
-    for node in &nodes {
-        wait_for_members(node, 3).await;
-    }
-    nodes
-}
-
-/// Waits (at most 10 s) until `node` lists `alive` members alive.
-async fn wait_for_members(node: &TestNode, alive: usize) {
-    let client = Client::connect(node.config()).await.unwrap();
-    let start = Instant::now();
-    loop {
-        let members = client.members().await.unwrap();
-        if members.iter().filter(|m| m.state == MemberState::Alive).count() == alive {
-            return;
-        }
-        assert!(start.elapsed() < Duration::from_secs(10), "{members:#?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+use fallow_client::{Client, ClusterClient, ClusterClientConfig, ClusterError, NodeState};
+use fallow_core::{PoolSpec, PutOutcome, PAGE_SIZE};
+use support::{assert_pages, gossip_addr, gossiping, keys, pages, three_nodes, TestNode, SECRET};
 
 /// Refreshes `cluster` until `done` holds for its nodes (at most 10 s).
 async fn wait_for_nodes(cluster: &ClusterClient, what: &str, done: impl Fn(&[NodeState]) -> bool) {
@@ -82,14 +39,6 @@ async fn connect(seeds: &[SocketAddr], timeout: Duration) -> ClusterClient {
         .timeout(timeout)
         .connect_timeout(timeout);
     ClusterClient::connect(config).await.unwrap()
-}
-
-fn keys(pool: PoolId, object: u64, n: u64) -> Vec<PageKey> {
-    (0..n).map(|i| PageKey::new(pool, object, i)).collect()
-}
-
-fn pages(seed: u64, n: u64) -> Bytes {
-    Bytes::from((0..n).flat_map(|i| page(seed * 1_000_003 + i)).collect::<Vec<u8>>())
 }
 
 /// Node-wide GET/TAKE keys answered, summed over `nodes`.
@@ -361,14 +310,6 @@ async fn a_shared_pool_is_coherent_between_two_clients() {
     assert!(matches!(err, Err(ClusterError::SharedPoolMismatch { .. })), "{err:?}");
     b.destroy_pool(pool_b).await.unwrap();
     a.destroy_pool(pool_a).await.unwrap();
-}
-
-/// Checks that `got` holds exactly the pages of `data`.
-fn assert_pages(got: &[Option<Bytes>], data: &Bytes, what: &str) {
-    for (i, page) in got.iter().enumerate() {
-        let want = &data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE];
-        assert_eq!(page.as_deref(), Some(want), "{what}: page {i}");
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,16 +7,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use fallow_client::{Client, MemberInfo, MemberState};
-use fallow_node::ClusterSettings;
-use support::{Options, TestNode};
-
-fn gossiping(join: Vec<String>) -> TestNode {
-    TestNode::with(Options {
-        cluster: Some(ClusterSettings { gossip: None, join }),
-        budget: 32 << 20,
-        ..Options::default()
-    })
-}
+use support::{gossiping, TestNode};
 
 /// Asks `node` for its members until `done` holds (or panics after 5 s).
 async fn wait_for(node: &TestNode, what: &str, done: impl Fn(&[MemberInfo]) -> bool) {

@@ -17,8 +17,8 @@ use std::time::Instant;
 use parking_lot::{Mutex, MutexGuard, RwLock};
 
 use fallow_core::{
-    check_batch, check_page, Lookup, NotStored, ObjectId, PageKey, PageStore, PoolId, PoolSpec,
-    PutOutcome, StoreError, PAGE_SIZE,
+    check_batch, check_page, DedupScope, HashPutOutcome, Lookup, NotStored, ObjectId, PageKey,
+    PageStore, PoolId, PoolSpec, PutOutcome, StoreError, PAGE_SIZE,
 };
 
 use crate::arena::ArenaFull;
@@ -64,12 +64,23 @@ enum PutFail {
     /// This shard had nothing left to evict; others may.
     NeedReclaim,
     Refused(NotStored),
+    /// A put by hash found no such content.
+    NotHeld,
+}
+
+/// Where a put's bytes come from.
+#[derive(Clone, Copy)]
+enum Source<'a> {
+    /// The caller's page.
+    Page(&'a [u8]),
+    /// A content the store already holds, named by the digest (a put by hash).
+    Held,
 }
 
 /// A put with everything computed that needs no lock.
 struct Prepared<'a> {
     key: PageKey,
-    page: &'a [u8],
+    source: Source<'a>,
     pool: Arc<PoolState>,
     fill: Option<u64>,
     digest: Digest,
@@ -82,7 +93,15 @@ impl<'a> Prepared<'a> {
         let fill = fill_word(page);
         let digest = Digest::of_unless_fill(page, fill, pool.spec.dedup);
         let hash = key_hash(&key);
-        Self { key, page, fill, digest, hash, shard: inner.shard_of(hash), pool }
+        let source = Source::Page(page);
+        Self { key, source, fill, digest, hash, shard: inner.shard_of(hash), pool }
+    }
+
+    fn by_hash(key: PageKey, content: u128, crc: u32, pool: Arc<PoolState>, inner: &Inner) -> Self {
+        let digest = Digest { hash: Some(content), crc };
+        let hash = key_hash(&key);
+        let source = Source::Held;
+        Self { key, source, fill: None, digest, hash, shard: inner.shard_of(hash), pool }
     }
 }
 
@@ -191,6 +210,19 @@ impl Engine {
         self.inner.store.write().compress_pass(max)
     }
 
+    /// Stores pages by content hash instead of bytes (dedup across nodes: a client that
+    /// knows this engine holds a page's content sends its hash): `contents[i]` is the
+    /// [`fallow_core::content::content_hash`] and [`fallow_core::content::checksum`] of
+    /// the page meant for `keys[i]`. A key whose content is not held, or whose pool does
+    /// not dedup, is answered [`HashPutOutcome::NotHeld`] and holds no page afterwards.
+    pub fn put_many_by_hash(
+        &self,
+        keys: &[PageKey],
+        contents: &[(u128, u32)],
+    ) -> Result<Vec<HashPutOutcome>, StoreError> {
+        self.inner.put_many_by_hash(keys, contents)
+    }
+
     /// Counters and memory use, for the engine and each pool.
     pub fn stats(&self) -> EngineStats {
         self.inner.stats()
@@ -219,7 +251,6 @@ impl Engine {
         self.inner.validate();
     }
 
-    #[cfg(test)]
     pub(crate) fn inner(&self) -> &Inner {
         &self.inner
     }
@@ -282,16 +313,46 @@ impl Inner {
         check_page(page.len())?;
         let job = Prepared::new(key, page, self.pool(key.pool)?, self);
         let mut shard = self.shards[job.shard].lock();
-        self.put_one(&mut shard, &job)
+        Ok(page_outcome(self.put_one(&mut shard, &job)?))
     }
 
     /// A batched put: the digests are computed before any lock, and each shard is locked
     /// once for all of its keys (in batch order, so a key put twice keeps the last page).
     fn put_many(&self, keys: &[PageKey], pages: &[u8]) -> Result<Vec<PutOutcome>, StoreError> {
         check_batch(keys.len(), pages.len())?;
+        let jobs = self.prepare(keys, pages.chunks_exact(PAGE_SIZE), |key, page, pool| {
+            Prepared::new(key, page, pool, self)
+        })?;
+        Ok(self.put_jobs(&jobs)?.into_iter().map(page_outcome).collect())
+    }
+
+    /// Puts by content hash: `contents[i]` is the hash and checksum of the page for
+    /// `keys[i]`. Each is stored only if the store holds a live page with that hash and
+    /// checksum that the key's pool may share (its dedup scope is on).
+    fn put_many_by_hash(
+        &self,
+        keys: &[PageKey],
+        contents: &[(u128, u32)],
+    ) -> Result<Vec<HashPutOutcome>, StoreError> {
+        if keys.len() != contents.len() {
+            return Err(StoreError::BadLength { got: contents.len(), expected: keys.len() });
+        }
+        let jobs = self.prepare(keys, contents.iter(), |key, &(content, crc), pool| {
+            Prepared::by_hash(key, content, crc, pool, self)
+        })?;
+        self.put_jobs(&jobs)
+    }
+
+    /// Prepares one job per key, looking each pool up once.
+    fn prepare<'a, T>(
+        &self,
+        keys: &[PageKey],
+        items: impl Iterator<Item = T>,
+        make: impl Fn(PageKey, T, Arc<PoolState>) -> Prepared<'a>,
+    ) -> Result<Vec<Prepared<'a>>, StoreError> {
         let mut pools: Vec<(PoolId, Arc<PoolState>)> = Vec::new();
         let mut jobs = Vec::with_capacity(keys.len());
-        for (key, page) in keys.iter().zip(pages.chunks_exact(PAGE_SIZE)) {
+        for (key, item) in keys.iter().zip(items) {
             let pool = match pools.iter().find(|(id, _)| *id == key.pool) {
                 Some((_, state)) => state.clone(),
                 None => {
@@ -300,11 +361,16 @@ impl Inner {
                     state
                 }
             };
-            jobs.push(Prepared::new(*key, page, pool, self));
+            jobs.push(make(*key, item, pool));
         }
+        Ok(jobs)
+    }
+
+    /// Runs prepared puts, locking each shard once for all of its keys.
+    fn put_jobs(&self, jobs: &[Prepared<'_>]) -> Result<Vec<HashPutOutcome>, StoreError> {
         let mut order: Vec<usize> = (0..jobs.len()).collect();
         order.sort_by_key(|&i| jobs[i].shard); // stable: batch order within a shard
-        let mut outcomes = vec![PutOutcome::NotStored(NotStored::Full); jobs.len()];
+        let mut outcomes = vec![HashPutOutcome::NotStored(NotStored::Full); jobs.len()];
         for group in order.chunk_by(|&a, &b| jobs[a].shard == jobs[b].shard) {
             let mut shard = self.shards[jobs[group[0]].shard].lock();
             for &i in group {
@@ -321,7 +387,7 @@ impl Inner {
         &self,
         shard: &mut MutexGuard<'_, Shard>,
         job: &Prepared<'_>,
-    ) -> Result<PutOutcome, StoreError> {
+    ) -> Result<HashPutOutcome, StoreError> {
         let mut result = self.put_locked(shard, job);
         if matches!(result, Ok(Err(PutFail::NeedReclaim))) {
             let reclaimed = MutexGuard::unlocked(shard, || self.reclaim_elsewhere(job.shard));
@@ -332,13 +398,16 @@ impl Inner {
             };
         }
         let outcome = match result? {
-            Ok(()) => PutOutcome::Stored,
-            Err(PutFail::NeedReclaim) => PutOutcome::NotStored(NotStored::Full),
-            Err(PutFail::Refused(why)) => PutOutcome::NotStored(why),
+            Ok(()) => HashPutOutcome::Stored,
+            Err(PutFail::NeedReclaim) => HashPutOutcome::NotStored(NotStored::Full),
+            Err(PutFail::Refused(why)) => HashPutOutcome::NotStored(why),
+            Err(PutFail::NotHeld) => HashPutOutcome::NotHeld,
         };
         match outcome {
-            PutOutcome::Stored => PoolCounters::bump(&job.pool.counters.puts_stored),
-            PutOutcome::NotStored(_) => PoolCounters::bump(&job.pool.counters.puts_refused),
+            HashPutOutcome::Stored => PoolCounters::bump(&job.pool.counters.puts_stored),
+            HashPutOutcome::NotStored(_) => PoolCounters::bump(&job.pool.counters.puts_refused),
+            // Not a refusal: the caller sends the page next.
+            HashPutOutcome::NotHeld => {}
         }
         Ok(outcome)
     }
@@ -349,7 +418,7 @@ impl Inner {
         shard: &mut MutexGuard<'_, Shard>,
         job: &Prepared<'_>,
     ) -> Result<Result<(), PutFail>, StoreError> {
-        let Prepared { key, page, ref pool, fill, digest, hash, .. } = *job;
+        let Prepared { key, source, ref pool, fill, digest, hash, .. } = *job;
         // Checked under the shard lock: a destroy marks the pool dead before it sweeps this
         // shard, so a put that gets here first is swept and one that comes later stops here.
         if !pool.alive.load(Ordering::Acquire) {
@@ -363,23 +432,31 @@ impl Inner {
             self.release(&mut store, &old, Some(&pool.counters));
         }
         let persistent = pool.persistent();
-        if persistent {
-            if let Some(quota) = pool.spec.quota_pages {
-                if pool.counters.pages.load(Ordering::Relaxed) >= quota {
-                    return Ok(Err(PutFail::Refused(NotStored::OverQuota)));
+        let opts = InternOptions { pinned: persistent, compressible: pool.spec.compress };
+        // A put by hash takes its reference before anything is evicted, so that making
+        // room cannot free the very content it is about to share.
+        let held = match (source, digest.hash, pool.spec.dedup) {
+            (Source::Page(_), _, _) => None,
+            (Source::Held, Some(content), DedupScope::Domain(_)) => {
+                match store.share(content, digest.crc, opts) {
+                    Some(id) => Some(id),
+                    None => return Ok(Err(PutFail::NotHeld)),
                 }
             }
-        }
-        let max_entries = self.entries_per_shard.load(Ordering::Relaxed);
-        while shard.len() >= max_entries {
-            if !self.evict_one(shard, &mut store) {
-                return Ok(Err(PutFail::Refused(NotStored::Full)));
+            (Source::Held, _, _) => return Ok(Err(PutFail::NotHeld)),
+        };
+        let refusal = self.make_room(shard, &mut store, pool, persistent);
+        if let Some(why) = refusal {
+            if let Some(id) = held {
+                store.release(id);
             }
+            return Ok(Err(PutFail::Refused(why)));
         }
-        let value = match fill {
-            Some(word) => Value::Fill(word),
-            None => {
-                let opts = InternOptions { pinned: persistent, compressible: pool.spec.compress };
+        let value = match (fill, source, held) {
+            (Some(word), _, _) => Value::Fill(word),
+            (None, Source::Held, Some(id)) => Value::Content(id),
+            (None, Source::Held, None) => unreachable!("a put by hash without its content"),
+            (None, Source::Page(page), _) => {
                 loop {
                     match store.intern(page, digest, opts) {
                         Ok(id) => break Value::Content(id),
@@ -401,6 +478,31 @@ impl Inner {
             pool.counters.fill_pages.fetch_add(1, Ordering::Relaxed);
         }
         Ok(Ok(()))
+    }
+
+    /// Checks the pool's quota and evicts until the shard may hold one more entry; the
+    /// reason when it cannot.
+    fn make_room(
+        &self,
+        shard: &mut Shard,
+        store: &mut Store,
+        pool: &PoolState,
+        persistent: bool,
+    ) -> Option<NotStored> {
+        if persistent {
+            if let Some(quota) = pool.spec.quota_pages {
+                if pool.counters.pages.load(Ordering::Relaxed) >= quota {
+                    return Some(NotStored::OverQuota);
+                }
+            }
+        }
+        let max_entries = self.entries_per_shard.load(Ordering::Relaxed);
+        while shard.len() >= max_entries {
+            if !self.evict_one(shard, store) {
+                return Some(NotStored::Full);
+            }
+        }
+        None
     }
 
     fn get(&self, key: PageKey, out: &mut [u8], remove: bool) -> Result<Lookup, StoreError> {
@@ -549,6 +651,15 @@ impl Inner {
             let recorded = state.counters.pages.load(Ordering::Relaxed);
             assert_eq!(counted, recorded, "{id}: {counted} pages indexed, {recorded} counted");
         }
+    }
+}
+
+/// A put of a page's bytes is never answered "not held".
+fn page_outcome(outcome: HashPutOutcome) -> PutOutcome {
+    match outcome {
+        HashPutOutcome::Stored => PutOutcome::Stored,
+        HashPutOutcome::NotStored(why) => PutOutcome::NotStored(why),
+        HashPutOutcome::NotHeld => unreachable!("a put with bytes needs no held content"),
     }
 }
 

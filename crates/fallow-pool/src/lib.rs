@@ -41,6 +41,7 @@ mod pools;
 mod prehashed;
 mod shard;
 mod stats;
+mod summary;
 mod store;
 
 pub use arena::{FRAMES_PER_SEGMENT, SEGMENT_BYTES};

@@ -9,25 +9,71 @@
 use std::collections::BTreeMap;
 
 use fallow_core::{
-    DedupScope, PageKey, PageStore, PoolId, PoolSpec, PutOutcome, TrustDomain, PAGE_SIZE,
+    DedupScope, HashPutOutcome, PageKey, PageStore, PoolId, PoolSpec, PutOutcome, TrustDomain,
+    PAGE_SIZE,
 };
 use fallow_pool::{Engine, EngineBuilder};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Put { pool: usize, object: u64, index: u64, content: u8 },
-    Get { pool: usize, object: u64, index: u64 },
-    Take { pool: usize, object: u64, index: u64 },
-    PutMany { pool: usize, object: u64, contents: Vec<u8> },
-    GetMany { pool: usize, object: u64, count: u64 },
-    TakeMany { pool: usize, object: u64, count: u64 },
-    Recreate { pool: usize },
-    InvalidatePage { pool: usize, object: u64, index: u64 },
-    InvalidateObject { pool: usize, object: u64 },
-    InvalidatePool { pool: usize },
+    Put {
+        pool: usize,
+        object: u64,
+        index: u64,
+        content: u8,
+    },
+    /// A put by content hash (dedup across nodes), stored only if the content is held.
+    PutByHash {
+        pool: usize,
+        object: u64,
+        index: u64,
+        content: u8,
+    },
+    Get {
+        pool: usize,
+        object: u64,
+        index: u64,
+    },
+    Take {
+        pool: usize,
+        object: u64,
+        index: u64,
+    },
+    PutMany {
+        pool: usize,
+        object: u64,
+        contents: Vec<u8>,
+    },
+    GetMany {
+        pool: usize,
+        object: u64,
+        count: u64,
+    },
+    TakeMany {
+        pool: usize,
+        object: u64,
+        count: u64,
+    },
+    Recreate {
+        pool: usize,
+    },
+    InvalidatePage {
+        pool: usize,
+        object: u64,
+        index: u64,
+    },
+    InvalidateObject {
+        pool: usize,
+        object: u64,
+    },
+    InvalidatePool {
+        pool: usize,
+    },
     Compress,
-    SetBudget { pages: usize },
+    SetBudget {
+        pages: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -37,6 +83,8 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         8 => (pool.clone(), object.clone(), index.clone(), any::<u8>())
             .prop_map(|(pool, object, index, content)| Op::Put { pool, object, index, content }),
+        3 => (pool.clone(), object.clone(), index.clone(), any::<u8>())
+            .prop_map(|(pool, object, index, content)| Op::PutByHash { pool, object, index, content }),
         6 => (pool.clone(), object.clone(), index.clone())
             .prop_map(|(pool, object, index)| Op::Get { pool, object, index }),
         2 => (pool.clone(), object.clone(), index.clone())
@@ -139,6 +187,27 @@ impl Harness {
                 let key = self.key(pool, object, index);
                 let outcome = self.engine.put(key, &bytes(content)).unwrap();
                 self.put(key, content, outcome);
+            }
+            Op::PutByHash { pool, object, index, content } => {
+                let key = self.key(pool, object, index);
+                let page = bytes(content);
+                // A pool without dedup is asked with domain 0's hash: it must say not held.
+                let scope = match self.specs[pool].dedup {
+                    DedupScope::Off => DedupScope::Domain(TrustDomain(0)),
+                    scope => scope,
+                };
+                let hash = fallow_core::content::content_hash(&page, scope).unwrap();
+                let crc = fallow_core::content::checksum(&page);
+                let outcome = self.engine.put_many_by_hash(&[key], &[(hash, crc)]).unwrap()[0];
+                match outcome {
+                    HashPutOutcome::Stored => {
+                        assert_ne!(self.specs[pool].dedup, DedupScope::Off, "{key:?}");
+                        self.model.insert(key, content);
+                    }
+                    HashPutOutcome::NotHeld | HashPutOutcome::NotStored(_) => {
+                        self.model.remove(&key);
+                    }
+                }
             }
             Op::Get { pool, object, index } => {
                 let key = self.key(pool, object, index);

@@ -68,6 +68,7 @@ fn request() -> impl Strategy<Value = Request> {
         Just(Request::Stats),
         Just(Request::Members),
         spec().prop_map(Request::CreatePool),
+        spec().prop_map(Request::CreateClusterPool),
         pool.clone().prop_map(Request::DestroyPool),
         pool.clone().prop_map(Request::InvalidatePool),
         (pool.clone(), any::<u64>())

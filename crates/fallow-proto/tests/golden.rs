@@ -4,11 +4,13 @@
 //! breaks every deployed client: bump the protocol version instead.
 
 use bytes::{Bytes, BytesMut};
-use fallow_core::{DedupScope, NotStored, PoolId, PoolSpec, PutOutcome, TrustDomain, PAGE_SIZE};
+use fallow_core::{
+    DedupScope, HashPutOutcome, NotStored, PoolId, PoolSpec, PutOutcome, TrustDomain, PAGE_SIZE,
+};
 use fallow_proto::fallow::frame::decode;
 use fallow_proto::fallow::{
     encode_pages_with, Hello, HelloReply, MemberInfo, MemberState, Op, PageRef, Reply, Request,
-    StatEntry, Status,
+    StatEntry, Status, SummaryChunk,
 };
 
 /// A frame header: length, op, status, reserved, id.
@@ -138,6 +140,35 @@ fn create_pool() {
         frame(0x10, 0, 4, &body),
     );
     check_reply(Reply::Pool(PoolId(5)), Op::CreatePool, 0, 4, frame(0x10, 0, 4, &[5, 0, 0, 0]));
+}
+
+#[test]
+fn create_cluster_pool() {
+    // Flag bit 2 (0x04): spread over the cluster by the receiving node (peer forwarding).
+    // Ephemeral, shared, dedup in domain 0, no compression or quota.
+    let uuid = 0x0a0b_0c0d_u128;
+    let mut body = vec![0, 1, 1, 0x04, 0, 0, 0, 0];
+    body.extend(0u64.to_le_bytes());
+    body.extend(0u64.to_le_bytes());
+    body.extend(uuid.to_le_bytes());
+    assert_eq!(body.len(), 40);
+    let spec = PoolSpec::ephemeral().shared(uuid);
+    check_request(Request::CreateClusterPool(spec), 7, frame(0x10, 0, 7, &body));
+    assert_eq!(Request::CreateClusterPool(spec).op(), Op::CreatePool);
+
+    // With the other flags: persistent, private, compress + quota 9.
+    let mut body = vec![1, 0, 1, 0x07, 0, 0, 0, 0];
+    body.extend(9u64.to_le_bytes());
+    body.extend([0; 24]);
+    let spec = PoolSpec::persistent().compress(true).quota_pages(9);
+    check_request(Request::CreateClusterPool(spec), 8, frame(0x10, 0, 8, &body));
+
+    // Bit 3 and above are still reserved.
+    let mut body = vec![0; 40];
+    body[3] = 0x08;
+    let mut buf = BytesMut::from(&frame(0x10, 0, 9, &body)[..]);
+    let parsed = Request::parse(decode(&mut buf).unwrap().unwrap());
+    assert_eq!(parsed.unwrap_err().status(), Status::Malformed);
 }
 
 #[test]
@@ -347,4 +378,101 @@ fn error_replies_carry_a_message() {
             frame(0x21, status as u8, 15, b"why"),
         );
     }
+}
+
+#[test]
+fn put_hashes_and_reply() {
+    // pool 9, two keys, then per key: hash (16 bytes, little-endian u128), CRC-32C.
+    let mut body = vec![9, 0, 0, 0, 2, 0, 0, 0];
+    body.extend(le_keys(&[(1, 2), (3, 4)]));
+    body.extend([0x11; 16]);
+    body.extend([0x44, 0x33, 0x22, 0x11]);
+    body.extend((0x0102_0304_0506_0708_090a_0b0c_0d0e_0f10u128).to_le_bytes());
+    body.extend([0, 0, 0, 0x80]);
+    assert_eq!(body.len(), 8 + 36 * 2);
+    let request = Request::PutHashes {
+        pool: PoolId(9),
+        pages: refs(&[(1, 2), (3, 4)]),
+        contents: vec![
+            (u128::from_le_bytes([0x11; 16]), 0x1122_3344),
+            (0x0102_0304_0506_0708_090a_0b0c_0d0e_0f10, 0x8000_0000),
+        ],
+    };
+    check_request(request, 21, frame(0x23, 0, 21, &body));
+    let outcomes = vec![
+        HashPutOutcome::Stored,
+        HashPutOutcome::NotStored(NotStored::Full),
+        HashPutOutcome::NotStored(NotStored::OverQuota),
+        HashPutOutcome::NotHeld,
+    ];
+    check_reply(
+        Reply::PutHashes(outcomes),
+        Op::PutHashes,
+        4,
+        21,
+        frame(0x23, 0, 21, &[0, 1, 2, 3]),
+    );
+}
+
+#[test]
+fn put_hashes_bodies_must_fit_their_count() {
+    // One key but no content record: truncated.
+    let mut body = vec![9, 0, 0, 0, 1, 0, 0, 0];
+    body.extend(le_keys(&[(1, 2)]));
+    let mut buf = BytesMut::from(&frame(0x23, 0, 5, &body)[..]);
+    assert!(Request::parse(decode(&mut buf).unwrap().unwrap()).is_err());
+    // "Not held" (3) is no PUT outcome.
+    let mut buf = BytesMut::from(&frame(0x20, 0, 5, &[3])[..]);
+    assert!(Reply::parse(decode(&mut buf).unwrap().unwrap(), Op::Put, 1).is_err());
+    let mut buf = BytesMut::from(&frame(0x23, 0, 5, &[4])[..]);
+    assert!(Reply::parse(decode(&mut buf).unwrap().unwrap(), Op::PutHashes, 1).is_err());
+}
+
+#[test]
+fn content_summary_request_and_reply() {
+    check_request(
+        Request::ContentSummary { offset: 1 << 20 },
+        30,
+        frame(0x32, 0, 30, &[0, 0, 0x10, 0, 0, 0, 0, 0]),
+    );
+    let mut body = Vec::new();
+    body.extend(7u64.to_le_bytes()); // generation
+    body.extend(1000u64.to_le_bytes()); // entries
+    body.extend(1216u64.to_le_bytes()); // total_len
+    body.push(7); // hashes
+    body.extend([0; 7]); // reserved
+    body.extend(1208u64.to_le_bytes()); // offset
+    body.extend([0xa5; 8]); // the filter's last 8 bytes
+    let chunk = SummaryChunk {
+        generation: 7,
+        entries: 1000,
+        total_len: 1216,
+        hashes: 7,
+        offset: 1208,
+        data: Bytes::from_static(&[0xa5; 8]),
+    };
+    check_reply(Reply::Summary(chunk), Op::ContentSummary, 0, 30, frame(0x32, 0, 30, &body));
+}
+
+#[test]
+fn content_summary_bad_fields_are_refused() {
+    // An offset that is not a multiple of 8.
+    let mut buf = BytesMut::from(&frame(0x32, 0, 1, &[3, 0, 0, 0, 0, 0, 0, 0])[..]);
+    assert!(Request::parse(decode(&mut buf).unwrap().unwrap()).is_err());
+    // A piece that runs past the filter's end, and a reserved byte set.
+    let reply = |total: u64, reserved: u8| {
+        let mut body = Vec::new();
+        body.extend(1u64.to_le_bytes());
+        body.extend(1u64.to_le_bytes());
+        body.extend(total.to_le_bytes());
+        body.push(3);
+        body.extend([reserved, 0, 0, 0, 0, 0, 0]);
+        body.extend(0u64.to_le_bytes());
+        body.extend([0xff; 16]);
+        let mut buf = BytesMut::from(&frame(0x32, 0, 1, &body)[..]);
+        Reply::parse(decode(&mut buf).unwrap().unwrap(), Op::ContentSummary, 0)
+    };
+    assert!(reply(16, 0).is_ok());
+    assert!(reply(8, 0).is_err());
+    assert!(reply(16, 1).is_err());
 }

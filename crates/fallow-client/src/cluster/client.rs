@@ -23,6 +23,7 @@ use parking_lot::{Mutex, RwLock};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use super::dedup::{DedupCounters, DedupStats};
 use super::summary::{Slot, Summary, SummaryStats};
 use super::view::{LogicalPool, NodeLink, View};
 use super::{ClusterClientConfig, ClusterError};
@@ -70,6 +71,8 @@ pub(crate) struct Inner {
     pub repaired: AtomicU64,
     /// The last repair pass that re-created copies: how many, and how long it took.
     pub last_repair: Mutex<Option<(u64, Duration)>>,
+    /// What dedup across nodes did (`dedup.rs`).
+    pub dedup: DedupCounters,
 }
 
 /// How long pools of a retired node incarnation are remembered: twice the nodes'
@@ -153,6 +156,7 @@ impl ClusterClient {
             repair_wake: Arc::new(Notify::new()),
             repaired: AtomicU64::new(0),
             last_repair: Mutex::new(None),
+            dedup: DedupCounters::default(),
         });
         {
             let _admin = inner.admin.lock().await;
@@ -165,6 +169,7 @@ impl ClusterClient {
         }
         let weak = Arc::downgrade(&inner);
         tokio::spawn(refresh_loop(weak.clone(), inner.wake.clone(), inner.stop.clone()));
+        tokio::spawn(super::dedup::dedup_loop(weak.clone(), inner.stop.clone()));
         tokio::spawn(super::repair::repair_loop(
             weak,
             inner.repair_wake.clone(),
@@ -176,6 +181,17 @@ impl ClusterClient {
     /// The configuration.
     pub fn config(&self) -> &ClusterClientConfig {
         &self.inner.config
+    }
+
+    /// What dedup across nodes did: pages sent as hashes, bytes saved, summaries fetched.
+    pub fn dedup(&self) -> DedupStats {
+        self.inner.dedup.stats()
+    }
+
+    /// Fetches every usable node's content summary now instead of at the next round
+    /// (`ClusterClientConfig::dedup_refresh`).
+    pub async fn refresh_summaries(&self) {
+        self.inner.fetch_summaries().await;
     }
 
     /// Asks the members again now (the refresh also runs every

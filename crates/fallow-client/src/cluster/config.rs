@@ -33,6 +33,10 @@ pub struct ClusterClientConfig {
     /// How long a node may stay unreachable before the copies of persistent pages it
     /// holds are re-created elsewhere, as for a node membership declared dead.
     pub repair_after: Duration,
+    /// How often each node's content summary is fetched, for dedup across nodes (pages
+    /// a node already holds are sent as a hash); `None` turns that off. Only pools whose
+    /// dedup scope is on use it.
+    pub dedup_refresh: Option<Duration>,
 }
 
 impl fmt::Debug for ClusterClientConfig {
@@ -47,6 +51,7 @@ impl fmt::Debug for ClusterClientConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("refresh_interval", &self.refresh_interval)
             .field("repair_after", &self.repair_after)
+            .field("dedup_refresh", &self.dedup_refresh)
             .finish_non_exhaustive()
     }
 }
@@ -55,7 +60,7 @@ impl ClusterClientConfig {
     /// A config for the cluster reached through `seeds`: `A,B,C` or `fallow://A,B,C`, each
     /// `HOST:PORT` or `unix:PATH`. Defaults: a random client id, one connection per node,
     /// 250 ms request and connect timeouts, members asked every 250 ms, copies on a node
-    /// unreachable for 5 s re-created elsewhere.
+    /// unreachable for 5 s re-created elsewhere, content summaries fetched every 10 s.
     pub fn new(seeds: &str, secret: impl Into<Vec<u8>>) -> Result<Self, ClientError> {
         let list = seeds.strip_prefix("fallow://").unwrap_or(seeds);
         let seeds = list.split(',').map(Endpoint::parse).collect::<Result<Vec<_>, _>>()?;
@@ -69,6 +74,7 @@ impl ClusterClientConfig {
             connect_timeout: Duration::from_millis(250),
             refresh_interval: Duration::from_millis(250),
             repair_after: Duration::from_secs(5),
+            dedup_refresh: Some(Duration::from_secs(10)),
         })
     }
 
@@ -76,6 +82,13 @@ impl ClusterClientConfig {
     /// re-created elsewhere.
     pub fn repair_after(mut self, after: Duration) -> Self {
         self.repair_after = after;
+        self
+    }
+
+    /// Sets how often content summaries are fetched (`None`: never, no dedup across
+    /// nodes).
+    pub fn dedup_refresh(mut self, every: Option<Duration>) -> Self {
+        self.dedup_refresh = every;
         self
     }
 

@@ -30,10 +30,12 @@
 //! (`client.rs`: connecting, pools; `pages.rs`: page requests). `placement`: weighted
 //! rendezvous hashing. `summary`: where this client put each page. `view`: nodes and
 //! pools. `membership`: the refresh that keeps the view true. `repair`: re-creating the
-//! copies of persistent pages that a dead node held.
+//! copies of persistent pages that a dead node held. `dedup`: nodes' content summaries
+//! and pages sent as hashes (dedup across nodes).
 
 mod client;
 mod config;
+mod dedup;
 mod membership;
 mod pages;
 mod placement;
@@ -43,4 +45,5 @@ mod view;
 
 pub use client::{ClusterClient, ClusterNode, NodeState, ReplicationStats};
 pub use config::{ClusterClientConfig, ClusterError};
+pub use dedup::DedupStats;
 pub use summary::SummaryStats;

@@ -25,6 +25,7 @@ use fallow_core::{
 };
 
 use super::client::ClusterClient;
+use super::dedup::{prefer_holder, Digest};
 use super::placement::{key_hash, owner, top_two, Candidate};
 use super::summary::Slot;
 use super::view::{Kind, LogicalPool, NodeLink, View};
@@ -107,6 +108,25 @@ impl<'a> Router<'a> {
         owner(key_hash(pool.seed, key.object, key.index), candidates)
     }
 
+    /// Where a private ephemeral page goes, given its owner: a node that holds its
+    /// content, if the owner does not and another does (`dedup.rs`).
+    fn holder(
+        &mut self,
+        id: PoolId,
+        pool: &LogicalPool,
+        owner: Option<Slot>,
+        digest: Option<Digest>,
+    ) -> Option<Slot> {
+        if digest.is_none() {
+            return owner;
+        }
+        self.cache(id, pool);
+        match self.cached.as_ref() {
+            Some((_, candidates, _)) => prefer_holder(self.view, candidates, owner, digest),
+            None => owner,
+        }
+    }
+
     /// The usable nodes holding the pool.
     fn holders(&mut self, id: PoolId, pool: &LogicalPool) -> &[Route] {
         self.cache(id, pool);
@@ -155,6 +175,7 @@ impl ClusterClient {
         })?;
         let inner = &*self.inner;
         let _fence = self.fence(keys.iter().map(|k| k.pool)).await;
+        let digests = inner.digests(keys, &pages);
         let (mut puts, mut drops) = (Parts::default(), Parts::default());
         // Persistent keys of private pools: position → their two holders and what each
         // answered.
@@ -194,7 +215,9 @@ impl ClusterClient {
                         }
                     }
                     Kind::Private => {
-                        let target = router.owner(key, pool);
+                        let owner = router.owner(key, pool);
+                        let digest = digests.get(i).copied().flatten();
+                        let target = router.holder(key.pool, pool, owner, digest);
                         let old = summary.remove(key).filter(|old| Some(*old) != target);
                         if let Some(route) = old.and_then(|old| view.route(pool, old)) {
                             drops.add(&route, Kind::Private, i, key);
@@ -216,7 +239,17 @@ impl ClusterClient {
             }
         }
         let data: Vec<Bytes> = puts.0.iter().map(|p| pages_of(&pages, &p.at)).collect();
-        let sends = puts.0.iter().zip(data).map(|(p, d)| p.link.client.put_many(&p.keys, d));
+        let part_digests: Vec<Vec<Option<Digest>>> = puts
+            .0
+            .iter()
+            .map(|p| p.at.iter().filter_map(|&at| digests.get(at).copied()).collect())
+            .collect();
+        let sends = puts
+            .0
+            .iter()
+            .zip(data)
+            .zip(&part_digests)
+            .map(|((p, d), digests)| inner.put_part(&p.link, &p.keys, d, digests));
         let invalidations = drops.0.iter().map(|p| p.link.client.invalidate_pages(&p.keys));
         let (sent, invalidated) = futures::future::join(
             futures::future::join_all(sends),

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fallow_core::content::ContentFilter;
 use fallow_core::{PoolId, PoolKind, PoolSpec, Sharing};
 use fallow_proto::fallow::MemberState;
 use parking_lot::Mutex;
@@ -38,6 +39,8 @@ pub(crate) struct NodeLink {
     /// Its pools that were destroyed while it was down: destroyed there once it is back.
     /// A `parking_lot` mutex held for a push or a take.
     pub orphans: Mutex<Vec<PoolId>>,
+    /// Its content summary as last fetched (`dedup.rs`); empty until then.
+    pub content: Mutex<Arc<ContentFilter>>,
 }
 
 impl NodeLink {
@@ -50,6 +53,7 @@ impl NodeLink {
             down: AtomicBool::new(false),
             down_since: Mutex::new(None),
             orphans: Mutex::new(Vec::new()),
+            content: Mutex::new(Arc::new(ContentFilter::empty())),
         }
     }
 

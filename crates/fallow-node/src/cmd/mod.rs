@@ -1,6 +1,7 @@
 //! One function per request type, called once a connection is authenticated. Each
 //! checks that the client may reach the pool it names, calls the engine, and appends one
-//! reply frame. The handshake (HELLO, AUTH) is in [`handshake`].
+//! reply frame. The handshake (HELLO, AUTH) is in [`handshake`]. Requests on cluster pools
+//! never come here: the connection hands them to `crate::forward`.
 
 pub(crate) mod handshake;
 mod members;
@@ -25,6 +26,7 @@ pub(crate) fn is_slow(request: &Request) -> bool {
             | Request::InvalidateObject { .. }
             | Request::DestroyPool(_)
             | Request::Stats
+            | Request::ContentSummary { .. }
     )
 }
 
@@ -46,6 +48,10 @@ pub(crate) fn execute(
         Request::Stats => Ok(stats::collect(node, client)),
         Request::Members => Ok(members::list(node)),
         Request::CreatePool(spec) => pools::create(node, client, &spec),
+        // The connection hands these to `forward::execute` (they wait on other nodes).
+        Request::CreateClusterPool(_) => {
+            Err((Status::Internal, "cluster pools are served by the forwarder".to_string()))
+        }
         Request::DestroyPool(pool) => pools::destroy(node, client, pool),
         Request::InvalidatePool(pool) => pools::invalidate_pool(node, client, pool),
         Request::InvalidateObject { pool, object } => {
@@ -53,6 +59,12 @@ pub(crate) fn execute(
         }
         Request::InvalidatePages { pool, pages } => pages::invalidate(node, client, pool, &pages),
         Request::Put { pool, pages, data } => pages::put(node, client, pool, &pages, &data),
+        Request::PutHashes { pool, pages, contents } => {
+            pages::put_hashes(node, client, pool, &pages, &contents)
+        }
+        Request::ContentSummary { offset } => {
+            Ok(Reply::Summary(node.summaries().piece(node.engine(), offset)))
+        }
         Request::Get { pool, pages } | Request::Take { pool, pages } => {
             // Written in place: the pool's pages go straight into the output buffer.
             return pages::read(node, client, op, pool, &pages, id, out);

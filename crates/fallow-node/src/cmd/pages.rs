@@ -1,7 +1,7 @@
 //! PUT, GET, TAKE and INVALIDATE_PAGES: batches of pages in one pool.
 
 use bytes::BytesMut;
-use fallow_core::{PageKey, PageStore, PoolId, PutOutcome};
+use fallow_core::{HashPutOutcome, PageKey, PageStore, PoolId, PutOutcome};
 use fallow_proto::fallow::{encode_pages_with, Op, PageRef, Reply, Status};
 
 use super::{encode_failure, reachable, store_failure, Failure};
@@ -27,6 +27,26 @@ pub(super) fn put(
     metrics.pages(Op::Put, PageEvent::Stored, stored);
     metrics.pages(Op::Put, PageEvent::Refused, outcomes.len() as u64 - stored);
     Ok(Reply::Put(outcomes))
+}
+
+/// PUT_HASHES: pages named by content hash, stored where this node holds the content.
+pub(super) fn put_hashes(
+    node: &Node,
+    client: &Client,
+    pool: PoolId,
+    pages: &[PageRef],
+    contents: &[(u128, u32)],
+) -> Result<Reply, Failure> {
+    reachable(client, pool)?;
+    let outcomes =
+        node.engine().put_many_by_hash(&keys(pool, pages), contents).map_err(store_failure)?;
+    let count = |want: fn(&HashPutOutcome) -> bool| outcomes.iter().filter(|o| want(o)).count();
+    let metrics = node.metrics();
+    metrics.pages(Op::PutHashes, PageEvent::Stored, count(|o| *o == HashPutOutcome::Stored) as u64);
+    metrics.pages(Op::PutHashes, PageEvent::Miss, count(|o| *o == HashPutOutcome::NotHeld) as u64);
+    let refused = count(|o| matches!(o, HashPutOutcome::NotStored(_)));
+    metrics.pages(Op::PutHashes, PageEvent::Refused, refused as u64);
+    Ok(Reply::PutHashes(outcomes))
 }
 
 /// GET or TAKE, with the pages copied from the pool straight into `out`.

@@ -35,6 +35,11 @@ pub struct Options {
     pub metrics: bool,
     /// Gossip settings; `None` runs the node alone.
     pub cluster: Option<ClusterSettings>,
+    /// How long a forwarded request may wait for another node: long, because a loaded
+    /// test machine can stall a debug build for longer than the 250 ms default.
+    pub forward_timeout: Duration,
+    /// The content summary (cross-node dedup).
+    pub summary: fallow_node::summary::SummarySettings,
 }
 
 impl Default for Options {
@@ -48,6 +53,8 @@ impl Default for Options {
             max_pools_per_client: 1024,
             metrics: false,
             cluster: None,
+            forward_timeout: Duration::from_secs(5),
+            summary: Default::default(),
         }
     }
 }
@@ -80,6 +87,8 @@ impl TestNode {
             config.metrics = Some("127.0.0.1:0".parse().unwrap());
         }
         config.cluster = options.cluster;
+        config.forward_timeout = options.forward_timeout;
+        config.summary = options.summary;
         let node = Arc::new(Node::new(engine, config, None));
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -131,6 +140,25 @@ pub fn page(seed: u64) -> Vec<u8> {
             state as u8
         })
         .collect()
+}
+
+/// The keys of pages 0..n of one object.
+pub fn keys(pool: fallow_core::PoolId, object: u64, n: u64) -> Vec<fallow_core::PageKey> {
+    (0..n).map(|i| fallow_core::PageKey::new(pool, object, i)).collect()
+}
+
+/// `n` pages made from `seed`, one after the other.
+pub fn pages(seed: u64, n: u64) -> bytes::Bytes {
+    bytes::Bytes::from((0..n).flat_map(|i| page(seed * 1_000_003 + i)).collect::<Vec<u8>>())
+}
+
+/// Checks that `got` holds exactly the pages of `data`.
+pub fn assert_pages(got: &[Option<bytes::Bytes>], data: &bytes::Bytes, what: &str) {
+    use fallow_core::PAGE_SIZE;
+    for (i, page) in got.iter().enumerate() {
+        let want = &data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE];
+        assert_eq!(page.as_deref(), Some(want), "{what}: page {i}");
+    }
 }
 
 /// A TCP proxy on 127.0.0.1 in front of a node, whose connections a test can cut.
@@ -188,5 +216,46 @@ impl Drop for CutProxy {
         self.cut();
         // Wake the accept loop so it sees the stop flag.
         let _ = std::net::TcpStream::connect(self.addr);
+    }
+}
+
+/// A node that gossips, joining `join` (gossip addresses).
+pub fn gossiping(join: Vec<String>) -> TestNode {
+    TestNode::with(Options {
+        cluster: Some(ClusterSettings { gossip: None, join }),
+        budget: 32 << 20,
+        ..Options::default()
+    })
+}
+
+/// The gossip address of a node that gossips.
+pub fn gossip_addr(node: &TestNode) -> String {
+    node.node.cluster().expect("it gossips").gossip_addr().to_string()
+}
+
+/// Three gossiping nodes that all list each other alive.
+pub async fn three_nodes() -> Vec<TestNode> {
+    let a = gossiping(vec![]);
+    let b = gossiping(vec![gossip_addr(&a)]);
+    let c = gossiping(vec![gossip_addr(&a), gossip_addr(&b)]);
+    let nodes = vec![a, b, c];
+    for node in &nodes {
+        wait_for_members(node, 3).await;
+    }
+    nodes
+}
+
+/// Waits (at most 10 s) until `node` lists `alive` members alive.
+pub async fn wait_for_members(node: &TestNode, alive: usize) {
+    let client = fallow_client::Client::connect(node.config()).await.unwrap();
+    let start = std::time::Instant::now();
+    loop {
+        let members = client.members().await.unwrap();
+        if members.iter().filter(|m| m.state == fallow_client::MemberState::Alive).count() == alive
+        {
+            return;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "{members:#?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

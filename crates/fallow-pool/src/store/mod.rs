@@ -256,6 +256,42 @@ impl Store {
         Ok(id)
     }
 
+    /// Shares the live content with this hash and checksum, as [`Store::intern`] would if
+    /// it had the bytes: for a put by hash, whose bytes stayed with the client. The
+    /// checksum must match too: a client's hash that collides with another page's (or a
+    /// wrong one) gets `None` unless the CRC-32C collides as well.
+    pub fn share(&mut self, hash: u128, crc: u32, opts: InternOptions) -> Option<ContentId> {
+        let contents = &self.contents;
+        let id = *self.dedup.find(hash as u64, |&id| contents[id as usize].hash == split(hash))?;
+        if !self.is_live(id) || self.contents[id as usize].crc != crc {
+            return None;
+        }
+        self.contents[id as usize].refs += 1;
+        if opts.pinned {
+            self.pin(id);
+        }
+        Some(id)
+    }
+
+    /// Calls `visit` with the hash of every live, shareable content among the next `max`
+    /// content slots from `from`; returns where to go on, or `None` at the end. Lets a
+    /// caller walk every hash in steps, taking the store lock once per step.
+    pub fn visit_hashes(
+        &self,
+        from: usize,
+        max: usize,
+        visit: &mut impl FnMut(u128),
+    ) -> Option<usize> {
+        let end = from.saturating_add(max).min(self.contents.len());
+        for id in from..end {
+            let c = &self.contents[id];
+            if c.flags & HASHED != 0 && c.refs > 0 && self.is_live(id as ContentId) {
+                visit(c.hash[0] as u128 | (c.hash[1] as u128) << 64);
+            }
+        }
+        (end < self.contents.len()).then_some(end)
+    }
+
     fn set_owner(&mut self, frame: FrameId, id: ContentId) {
         if self.owner.len() < self.arena.frame_table_len() {
             self.owner.resize(self.arena.frame_table_len(), NO_OWNER);

@@ -31,7 +31,7 @@ mod wire;
 pub use frame::{Frame, FrameError, FrameWriter};
 pub use members::{MemberInfo, MemberState, MAX_MEMBERS, MEMBER_ENTRY_LEN};
 pub use op::{Op, Status};
-pub use reply::{encode_error, encode_pages_with, HelloReply, Reply, StatEntry};
+pub use reply::{encode_error, encode_pages_with, HelloReply, Reply, StatEntry, SummaryChunk};
 pub use request::{Hello, PageRef, Request};
 pub use wire::BodyError;
 
@@ -52,6 +52,10 @@ pub const MAX_BATCH: usize = 256;
 /// The largest value of the length field: a full batch of pages, its keys and the small
 /// fixed part of a body, with room to spare. Anything larger is a broken or hostile peer.
 pub const MAX_FRAME_LEN: usize = (MAX_BATCH * fallow_core::PAGE_SIZE) + 64 * 1024;
+
+/// The most filter bytes one CONTENT_SUMMARY reply carries; a larger summary is fetched
+/// in several requests.
+pub const SUMMARY_CHUNK: usize = 1 << 20;
 
 /// The longest client name a HELLO may carry, in bytes.
 pub const MAX_NAME_LEN: usize = 64;

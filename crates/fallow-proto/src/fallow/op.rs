@@ -26,15 +26,19 @@ pub enum Op {
     Get = 0x21,
     /// Copies a batch of pages out and removes those found.
     Take = 0x22,
+    /// Stores a batch of pages by content hash, when the node holds that content.
+    PutHashes = 0x23,
     /// Node and pool counters.
     Stats = 0x30,
     /// The cluster's members as this node sees them.
     Members = 0x31,
+    /// A piece of the node's content summary (a Bloom filter of the hashes it holds).
+    ContentSummary = 0x32,
 }
 
 impl Op {
     /// Every op, in code order.
-    pub const ALL: [Op; 13] = [
+    pub const ALL: [Op; 15] = [
         Op::Hello,
         Op::Auth,
         Op::Ping,
@@ -46,8 +50,10 @@ impl Op {
         Op::Put,
         Op::Get,
         Op::Take,
+        Op::PutHashes,
         Op::Stats,
         Op::Members,
+        Op::ContentSummary,
     ];
 
     /// The op with this code, if any.
@@ -69,8 +75,10 @@ impl Op {
             Op::Put => "put",
             Op::Get => "get",
             Op::Take => "take",
+            Op::PutHashes => "put_hashes",
             Op::Stats => "stats",
             Op::Members => "members",
+            Op::ContentSummary => "content_summary",
         }
     }
 }

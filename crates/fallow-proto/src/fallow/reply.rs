@@ -6,12 +6,12 @@
 //! range.
 
 use bytes::{BufMut, Bytes, BytesMut};
-use fallow_core::{NotStored, PoolId, PutOutcome, PAGE_SIZE};
+use fallow_core::{HashPutOutcome, NotStored, PoolId, PutOutcome, PAGE_SIZE};
 
 use super::frame::{Frame, FrameWriter};
 use super::members::{self, MemberInfo};
 use super::wire::{BodyError, Reader};
-use super::{Op, Status, MAX_BATCH, MAX_MESSAGE_LEN};
+use super::{Op, Status, MAX_BATCH, MAX_MESSAGE_LEN, SUMMARY_CHUNK};
 
 /// The node's answer to HELLO.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +35,25 @@ pub struct StatEntry {
     pub value: u64,
 }
 
+/// A piece of a node's content summary (CONTENT_SUMMARY): a Bloom filter of the content
+/// hashes it holds, `fallow_core::content::ContentFilter`'s bit array from `offset`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SummaryChunk {
+    /// Changes whenever the node builds a new summary: pieces of one summary all carry
+    /// the same number.
+    pub generation: u64,
+    /// Hashes in the filter.
+    pub entries: u64,
+    /// The whole filter's size in bytes (a multiple of 8; 0 when the node holds nothing).
+    pub total_len: u64,
+    /// Probes per item (1 to 16; 0 when `total_len` is 0).
+    pub hashes: u8,
+    /// Where `data` starts in the filter.
+    pub offset: u64,
+    /// At most [`super::SUMMARY_CHUNK`] bytes of the filter.
+    pub data: Bytes,
+}
+
 /// A reply, parsed from or encoded into a frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply {
@@ -53,6 +72,10 @@ pub enum Reply {
     Count(u64),
     /// One outcome per page (PUT).
     Put(Vec<PutOutcome>),
+    /// One outcome per page (PUT_HASHES).
+    PutHashes(Vec<HashPutOutcome>),
+    /// A piece of the content summary (CONTENT_SUMMARY).
+    Summary(SummaryChunk),
     /// GET or TAKE: which keys were found, and the pages found, in key order.
     Pages {
         /// `found[i]` is true when the i-th key hit.
@@ -84,6 +107,26 @@ pub enum Reply {
 const STORED: u8 = 0;
 const NOT_STORED_FULL: u8 = 1;
 const NOT_STORED_OVER_QUOTA: u8 = 2;
+/// PUT_HASHES only: the node holds no such content; send the page.
+const NOT_HELD: u8 = 3;
+
+fn put_code(outcome: PutOutcome) -> u8 {
+    match outcome {
+        PutOutcome::Stored => STORED,
+        PutOutcome::NotStored(NotStored::Full) => NOT_STORED_FULL,
+        PutOutcome::NotStored(NotStored::OverQuota) => NOT_STORED_OVER_QUOTA,
+    }
+}
+
+fn parse_put_code(code: u8) -> Option<HashPutOutcome> {
+    Some(match code {
+        STORED => HashPutOutcome::Stored,
+        NOT_STORED_FULL => HashPutOutcome::NotStored(NotStored::Full),
+        NOT_STORED_OVER_QUOTA => HashPutOutcome::NotStored(NotStored::OverQuota),
+        NOT_HELD => HashPutOutcome::NotHeld,
+        _ => return None,
+    })
+}
 
 impl Reply {
     /// Appends this reply to request `id` of kind `op` as one frame.
@@ -106,14 +149,24 @@ impl Reply {
             Reply::Empty => {}
             Reply::Pool(pool) => buf.put_u32_le(pool.0),
             Reply::Count(n) => buf.put_u64_le(*n),
-            Reply::Put(outcomes) => {
+            Reply::Put(outcomes) => outcomes.iter().for_each(|o| buf.put_u8(put_code(*o))),
+            Reply::PutHashes(outcomes) => {
                 for outcome in outcomes {
-                    buf.put_u8(match outcome {
-                        PutOutcome::Stored => STORED,
-                        PutOutcome::NotStored(NotStored::Full) => NOT_STORED_FULL,
-                        PutOutcome::NotStored(NotStored::OverQuota) => NOT_STORED_OVER_QUOTA,
+                    buf.put_u8(match *outcome {
+                        HashPutOutcome::Stored => STORED,
+                        HashPutOutcome::NotStored(why) => put_code(PutOutcome::NotStored(why)),
+                        HashPutOutcome::NotHeld => NOT_HELD,
                     });
                 }
+            }
+            Reply::Summary(chunk) => {
+                buf.put_u64_le(chunk.generation);
+                buf.put_u64_le(chunk.entries);
+                buf.put_u64_le(chunk.total_len);
+                buf.put_u8(chunk.hashes);
+                buf.put_slice(&[0; 7]);
+                buf.put_u64_le(chunk.offset);
+                buf.put_slice(&chunk.data);
             }
             Reply::Pages { found, data } => {
                 debug_assert_eq!(found.iter().filter(|f| **f).count() * PAGE_SIZE, data.len());
@@ -172,17 +225,44 @@ impl Reply {
             (Status::Ok, Op::InvalidatePool | Op::InvalidateObject) => {
                 Reply::Count(r.u64("count")?)
             }
-            (Status::Ok, Op::Put) => {
+            (Status::Ok, Op::Put | Op::PutHashes) => {
                 let mut outcomes = Vec::with_capacity(keys.min(MAX_BATCH));
                 for _ in 0..keys {
-                    outcomes.push(match r.u8("put outcome")? {
-                        STORED => PutOutcome::Stored,
-                        NOT_STORED_FULL => PutOutcome::NotStored(NotStored::Full),
-                        NOT_STORED_OVER_QUOTA => PutOutcome::NotStored(NotStored::OverQuota),
-                        _ => return Err(BodyError::Invalid("put outcome code")),
-                    });
+                    let code = r.u8("put outcome")?;
+                    let outcome = match parse_put_code(code) {
+                        Some(HashPutOutcome::NotHeld) if op == Op::Put => None,
+                        other => other,
+                    };
+                    outcomes.push(outcome.ok_or(BodyError::Invalid("put outcome code"))?);
                 }
-                Reply::Put(outcomes)
+                match op {
+                    Op::PutHashes => Reply::PutHashes(outcomes),
+                    _ => Reply::Put(outcomes.into_iter().map(page_outcome).collect()),
+                }
+            }
+            (Status::Ok, Op::ContentSummary) => {
+                let generation = r.u64("generation")?;
+                let entries = r.u64("entries")?;
+                let total_len = r.u64("total_len")?;
+                let hashes = r.u8("hashes")?;
+                if r.array::<7>("reserved")? != [0; 7] {
+                    return Err(BodyError::Invalid("reserved field: not zero"));
+                }
+                let offset = r.u64("offset")?;
+                let len = r.remaining();
+                let fits = offset.checked_add(len as u64).is_some_and(|end| end <= total_len);
+                if len > SUMMARY_CHUNK || !fits {
+                    return Err(BodyError::Invalid("summary piece: past the filter's end"));
+                }
+                let data = r.bytes(len, "filter bytes")?;
+                Reply::Summary(SummaryChunk {
+                    generation,
+                    entries,
+                    total_len,
+                    hashes,
+                    offset,
+                    data,
+                })
             }
             (Status::Ok, Op::Get | Op::Take) => {
                 let mut found = Vec::with_capacity(keys.min(MAX_BATCH));
@@ -258,6 +338,15 @@ pub fn encode_pages_with<E>(
     buf.truncate(data_at + kept * PAGE_SIZE);
     frame.finish(buf);
     Ok(())
+}
+
+/// A PUT's outcome codes are PUT_HASHES' without "not held" (refused when parsing).
+fn page_outcome(outcome: HashPutOutcome) -> PutOutcome {
+    match outcome {
+        HashPutOutcome::Stored => PutOutcome::Stored,
+        HashPutOutcome::NotStored(why) => PutOutcome::NotStored(why),
+        HashPutOutcome::NotHeld => PutOutcome::NotStored(NotStored::Full),
+    }
 }
 
 /// The longest prefix of `s` that fits in `max` bytes and ends on a character boundary.

@@ -15,10 +15,16 @@ use super::{Op, MAGIC, MAX_BATCH, MAX_NAME_LEN};
 /// The bytes of one key inside a batch: object and index.
 const KEY_LEN: usize = 16;
 
+/// The bytes of one content in a PUT_HASHES body: hash and checksum.
+const CONTENT_LEN: usize = 20;
+
 /// CREATE_POOL flag: compress cold pages.
 const FLAG_COMPRESS: u8 = 1;
 /// CREATE_POOL flag: the quota field holds a quota.
 const FLAG_QUOTA: u8 = 2;
+/// CREATE_POOL flag: a cluster pool, spread over the cluster by the node that receives the
+/// request ([`Request::CreateClusterPool`]).
+const FLAG_CLUSTER: u8 = 4;
 
 /// The first request on a connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,6 +65,11 @@ pub enum Request {
     Ping,
     /// Creates a pool, or attaches to the shared pool with the spec's UUID.
     CreatePool(PoolSpec),
+    /// CREATE_POOL with the cluster flag (`0x04`): the node creates the pool across the
+    /// cluster it gossips with and forwards every later request on it to the nodes that
+    /// hold its pages (peer forwarding, `docs/cluster.md`), so a client of one node uses
+    /// the whole cluster. Travels as [`Op::CreatePool`].
+    CreateClusterPool(PoolSpec),
     /// Detaches from a pool.
     DestroyPool(PoolId),
     /// Removes every page of a pool.
@@ -100,10 +111,25 @@ pub enum Request {
         /// The keys (1 to [`MAX_BATCH`]).
         pages: Vec<PageRef>,
     },
+    /// Stores a batch of pages by content hash (dedup across nodes).
+    PutHashes {
+        /// The pool.
+        pool: PoolId,
+        /// The keys (1 to [`MAX_BATCH`]).
+        pages: Vec<PageRef>,
+        /// For the i-th key, its page's content hash and CRC-32C
+        /// (`fallow_core::content`).
+        contents: Vec<(u128, u32)>,
+    },
     /// Node and pool counters.
     Stats,
     /// The cluster's members.
     Members,
+    /// A piece of the content summary, from byte `offset` of its filter.
+    ContentSummary {
+        /// Where the piece starts in the filter's bytes (a multiple of 8).
+        offset: u64,
+    },
 }
 
 impl Request {
@@ -113,7 +139,7 @@ impl Request {
             Request::Hello(_) => Op::Hello,
             Request::Auth { .. } => Op::Auth,
             Request::Ping => Op::Ping,
-            Request::CreatePool(_) => Op::CreatePool,
+            Request::CreatePool(_) | Request::CreateClusterPool(_) => Op::CreatePool,
             Request::DestroyPool(_) => Op::DestroyPool,
             Request::InvalidatePool(_) => Op::InvalidatePool,
             Request::InvalidateObject { .. } => Op::InvalidateObject,
@@ -121,8 +147,10 @@ impl Request {
             Request::Put { .. } => Op::Put,
             Request::Get { .. } => Op::Get,
             Request::Take { .. } => Op::Take,
+            Request::PutHashes { .. } => Op::PutHashes,
             Request::Stats => Op::Stats,
             Request::Members => Op::Members,
+            Request::ContentSummary { .. } => Op::ContentSummary,
         }
     }
 
@@ -148,7 +176,8 @@ impl Request {
                 buf.put_slice(proof);
             }
             Request::Ping | Request::Stats | Request::Members => {}
-            Request::CreatePool(spec) => encode_spec(spec, buf),
+            Request::CreatePool(spec) => encode_spec(spec, Spread::Node, buf),
+            Request::CreateClusterPool(spec) => encode_spec(spec, Spread::Cluster, buf),
             Request::DestroyPool(pool) | Request::InvalidatePool(pool) => buf.put_u32_le(pool.0),
             Request::InvalidateObject { pool, object } => {
                 buf.put_u32_le(pool.0);
@@ -163,6 +192,16 @@ impl Request {
                 encode_keys(*pool, pages, buf);
                 buf.put_slice(data);
             }
+            Request::PutHashes { pool, pages, contents } => {
+                assert_eq!(contents.len(), pages.len(), "one content per key");
+                encode_keys(*pool, pages, buf);
+                buf.reserve(contents.len() * CONTENT_LEN);
+                for (hash, crc) in contents {
+                    buf.put_u128_le(*hash);
+                    buf.put_u32_le(*crc);
+                }
+            }
+            Request::ContentSummary { offset } => buf.put_u64_le(*offset),
         }
         frame.finish(buf);
     }
@@ -198,7 +237,10 @@ impl Request {
             Op::Ping => Request::Ping,
             Op::Stats => Request::Stats,
             Op::Members => Request::Members,
-            Op::CreatePool => Request::CreatePool(parse_spec(&mut r)?),
+            Op::CreatePool => match parse_spec(&mut r)? {
+                (spec, Spread::Node) => Request::CreatePool(spec),
+                (spec, Spread::Cluster) => Request::CreateClusterPool(spec),
+            },
             Op::DestroyPool => Request::DestroyPool(PoolId(r.u32("pool")?)),
             Op::InvalidatePool => Request::InvalidatePool(PoolId(r.u32("pool")?)),
             Op::InvalidateObject => {
@@ -224,6 +266,24 @@ impl Request {
                 let (pool, pages) = parse_keys(&mut r)?;
                 let data = r.bytes(pages.len() * PAGE_SIZE, "page data")?;
                 Request::Put { pool, pages, data }
+            }
+            Op::PutHashes => {
+                let (pool, pages) = parse_keys(&mut r)?;
+                if r.remaining() < pages.len() * CONTENT_LEN {
+                    return Err(BodyError::Truncated("contents"));
+                }
+                let mut contents = Vec::with_capacity(pages.len());
+                for _ in 0..pages.len() {
+                    contents.push((r.u128("content hash")?, r.u32("checksum")?));
+                }
+                Request::PutHashes { pool, pages, contents }
+            }
+            Op::ContentSummary => {
+                let offset = r.u64("offset")?;
+                if !offset.is_multiple_of(8) {
+                    return Err(BodyError::Invalid("offset: not a multiple of 8"));
+                }
+                Request::ContentSummary { offset }
             }
         };
         r.finish()?;
@@ -261,7 +321,16 @@ fn parse_keys(r: &mut Reader) -> Result<(PoolId, Vec<PageRef>), BodyError> {
     Ok((pool, pages))
 }
 
-fn encode_spec(spec: &PoolSpec, buf: &mut BytesMut) {
+/// Where a pool's pages live: the CREATE_POOL cluster flag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Spread {
+    /// On the node that received the request.
+    Node,
+    /// Over the cluster that node gossips with.
+    Cluster,
+}
+
+fn encode_spec(spec: &PoolSpec, spread: Spread, buf: &mut BytesMut) {
     buf.put_u8(match spec.kind {
         PoolKind::Ephemeral => 0,
         PoolKind::Persistent => 1,
@@ -293,6 +362,9 @@ fn encode_spec(spec: &PoolSpec, buf: &mut BytesMut) {
     if spec.quota_pages.is_some() {
         flags |= FLAG_QUOTA;
     }
+    if spread == Spread::Cluster {
+        flags |= FLAG_CLUSTER;
+    }
     buf.put_u8(flags);
     buf.put_u32_le(0);
     buf.put_u64_le(spec.quota_pages.unwrap_or(0));
@@ -300,7 +372,7 @@ fn encode_spec(spec: &PoolSpec, buf: &mut BytesMut) {
     buf.put_u128_le(uuid);
 }
 
-fn parse_spec(r: &mut Reader) -> Result<PoolSpec, BodyError> {
+fn parse_spec(r: &mut Reader) -> Result<(PoolSpec, Spread), BodyError> {
     let kind = match r.u8("kind")? {
         0 => PoolKind::Ephemeral,
         1 => PoolKind::Persistent,
@@ -317,7 +389,7 @@ fn parse_spec(r: &mut Reader) -> Result<PoolSpec, BodyError> {
         _ => return Err(BodyError::Invalid("dedup: not 0 or 1")),
     };
     let flags = r.u8("flags")?;
-    if flags & !(FLAG_COMPRESS | FLAG_QUOTA) != 0 {
+    if flags & !(FLAG_COMPRESS | FLAG_QUOTA | FLAG_CLUSTER) != 0 {
         return Err(BodyError::Invalid("flags: unknown bits set"));
     }
     if r.u32("reserved")? != 0 {
@@ -335,11 +407,13 @@ fn parse_spec(r: &mut Reader) -> Result<PoolSpec, BodyError> {
     if flags & FLAG_QUOTA == 0 && quota != 0 {
         return Err(BodyError::Invalid("quota_pages: set without the quota flag"));
     }
-    Ok(PoolSpec {
+    let spec = PoolSpec {
         kind,
         sharing: if shared { Sharing::Shared { uuid } } else { Sharing::Private },
         dedup: if dedup_on { DedupScope::Domain(TrustDomain(domain)) } else { DedupScope::Off },
         compress: flags & FLAG_COMPRESS != 0,
         quota_pages: (flags & FLAG_QUOTA != 0).then_some(quota),
-    })
+    };
+    let spread = if flags & FLAG_CLUSTER != 0 { Spread::Cluster } else { Spread::Node };
+    Ok((spec, spread))
 }

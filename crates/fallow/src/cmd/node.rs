@@ -71,6 +71,22 @@ pub struct NodeArgs {
     /// --listen IP and its port + 1, e.g. 127.0.0.1:7401].
     #[arg(long, value_name = "ADDR")]
     gossip: Option<SocketAddr>,
+    /// Content summary (cross-node dedup): the false-positive rate its Bloom filter is
+    /// sized for, between 0.000001 and 0.5 [default: 0.01, 9.6 bits per page held].
+    #[arg(long, value_name = "RATE")]
+    summary_fpr: Option<f64>,
+    /// Content summary: the largest filter; past it the false-positive rate rises
+    /// [default: 16M].
+    #[arg(long, value_name = "SIZE")]
+    summary_max: Option<String>,
+    /// Content summary: seconds a built filter is served before a client's request
+    /// rebuilds it [default: 10].
+    #[arg(long, value_name = "SECS")]
+    summary_refresh: Option<u64>,
+    /// Peer forwarding (cluster pools): milliseconds a request forwarded to another node
+    /// may wait for its answer; a node slower than that costs misses [default: 250].
+    #[arg(long, value_name = "MS")]
+    forward_timeout: Option<u64>,
 }
 
 /// The node's settings after merging defaults, the file and the flags.
@@ -139,6 +155,28 @@ fn settings(args: NodeArgs) -> anyhow::Result<Settings> {
             bail!("--write-timeout must be at least 1 second");
         }
         config.write_timeout = Duration::from_secs(secs);
+    }
+    if let Some(rate) = args.summary_fpr.or(file.summary_fpr) {
+        if !(1e-6..=0.5).contains(&rate) {
+            bail!("--summary-fpr {rate}: give a rate between 0.000001 and 0.5");
+        }
+        config.summary.false_positive_rate = rate;
+    }
+    if let Some(max) = args.summary_max.or(file.summary_max) {
+        let bytes = parse_size(&max).with_context(|| format!("--summary-max {max}"))?;
+        if bytes < 8 {
+            bail!("--summary-max {max}: a summary needs at least 8 bytes");
+        }
+        config.summary.max_bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
+    }
+    if let Some(secs) = args.summary_refresh.or(file.summary_refresh_secs) {
+        config.summary.refresh = Duration::from_secs(secs);
+    }
+    if let Some(ms) = args.forward_timeout.or(file.forward_timeout_ms) {
+        if ms == 0 {
+            bail!("--forward-timeout must be at least 1 ms");
+        }
+        config.forward_timeout = Duration::from_millis(ms);
     }
     let policy = args
         .policy

@@ -1,0 +1,283 @@
+//! Dedup across nodes, the cluster client's side: every node's content summary (a Bloom
+//! filter of the content hashes it holds), fetched in the background; pages of a private
+//! ephemeral pool placed on a node that holds their content when one does (the summary of
+//! placements finds them there later); and puts that send a page's hash instead of its
+//! bytes when the node's summary says it holds that content.
+//!
+//! ```text
+//!  put batch ─ per page: fill? dedup off? no summary? ─ yes ─▶ PUT (bytes) to the owner
+//!                  │ no: content hash (before any lock)
+//!                  ├─ private ephemeral pool: the owner, unless only another node holds it
+//!                  └─ to that node: held? ─ no ─▶ PUT (bytes)
+//!                                        └─ yes ─▶ PUT_HASHES ─ "not held" ─▶ PUT (bytes)
+//! ```
+//!
+//! Shared and persistent pools are placed by key alone (other clients, or the second
+//! copy, must find their pages by key); their pages go as hashes when their owner holds
+//! the content.
+//!
+//! A false positive of the filter, or content N dropped since the summary was built,
+//! costs one more round trip for that page and nothing else: a "not held" answer leaves
+//! the key empty, and the page follows at once. Summaries are fetched on a connection of
+//! their own, so a megabyte of filter never queues behind (or ahead of) page requests.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use fallow_core::content::{checksum, content_hash, fill_word, ContentFilter};
+use fallow_core::{DedupScope, HashPutOutcome, NotStored, PageKey, PutOutcome, PAGE_SIZE};
+use tokio_util::sync::CancellationToken;
+
+use super::client::Inner;
+use super::placement::Candidate;
+use super::summary::Slot;
+use super::view::{NodeLink, View};
+use crate::{Client, ClientError};
+
+/// How long fetching one node's summary may take (a large one is several 1 MiB pieces,
+/// and the node may be building it).
+const SUMMARY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Bytes a page sent as a hash saves: its 4096 bytes, less the 20 of hash and checksum.
+const SAVED_PER_PAGE: u64 = (PAGE_SIZE - 20) as u64;
+
+/// What dedup across nodes did ([`crate::ClusterClient::dedup`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DedupStats {
+    /// Pages stored by hash: the node already held their content.
+    pub stored_by_hash: u64,
+    /// Pages sent as a hash that the node did not hold (a filter false positive, or the
+    /// content left the node since its summary): sent whole right after.
+    pub not_held: u64,
+    /// Page bytes not sent: `stored_by_hash` × 4076 (a page less its hash and checksum).
+    pub bytes_saved: u64,
+    /// Summaries fetched, and the bytes they took.
+    pub summaries_fetched: u64,
+    /// Bytes of summaries fetched.
+    pub summary_bytes: u64,
+}
+
+/// The counters behind [`DedupStats`].
+#[derive(Debug, Default)]
+pub(crate) struct DedupCounters {
+    stored_by_hash: AtomicU64,
+    not_held: AtomicU64,
+    summaries_fetched: AtomicU64,
+    summary_bytes: AtomicU64,
+}
+
+impl DedupCounters {
+    pub(crate) fn stats(&self) -> DedupStats {
+        let stored_by_hash = self.stored_by_hash.load(Ordering::Relaxed);
+        DedupStats {
+            stored_by_hash,
+            not_held: self.not_held.load(Ordering::Relaxed),
+            bytes_saved: stored_by_hash * SAVED_PER_PAGE,
+            summaries_fetched: self.summaries_fetched.load(Ordering::Relaxed),
+            summary_bytes: self.summary_bytes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Fetches every usable node's summary now and then, while some pool dedups. Stops with
+/// the client.
+pub(crate) async fn dedup_loop(inner: Weak<Inner>, stop: CancellationToken) {
+    let Some(every) = inner.upgrade().and_then(|i| i.config.dedup_refresh) else { return };
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        let Some(inner) = inner.upgrade() else { return };
+        if inner.any_dedup_pool() {
+            inner.fetch_summaries().await;
+        }
+    }
+}
+
+impl Inner {
+    fn any_dedup_pool(&self) -> bool {
+        self.view.read().pools.values().any(|p| p.spec.dedup != DedupScope::Off)
+    }
+
+    /// Fetches the summary of every usable node, in parallel. A node whose summary cannot
+    /// be read gets the empty filter (its pages are sent whole) until the next round.
+    pub(crate) async fn fetch_summaries(&self) {
+        let links: Vec<Arc<NodeLink>> =
+            self.view.read().nodes.iter().filter(|n| n.usable()).map(|n| n.link.clone()).collect();
+        let fetches = links.iter().map(|link| async move {
+            let config = link.client.config().clone().connections(1).timeout(SUMMARY_TIMEOUT);
+            let result = match Client::connect(config).await {
+                Ok(client) => client.content_summary().await,
+                Err(err) => Err(err),
+            };
+            (link, result)
+        });
+        for (link, result) in futures::future::join_all(fetches).await {
+            let filter = match result {
+                Ok(filter) => {
+                    self.dedup.summaries_fetched.fetch_add(1, Ordering::Relaxed);
+                    let bytes = filter.len_bytes() as u64;
+                    self.dedup.summary_bytes.fetch_add(bytes, Ordering::Relaxed);
+                    tracing::debug!(
+                        node = %link.id,
+                        entries = filter.entries(),
+                        bytes,
+                        "content summary fetched"
+                    );
+                    filter
+                }
+                Err(err) => {
+                    tracing::debug!(node = %link.id, %err, "content summary not fetched");
+                    ContentFilter::empty()
+                }
+            };
+            *link.content.lock() = Arc::new(filter);
+        }
+    }
+
+    /// The content hash and checksum of every page of a batch whose pool dedups, or an
+    /// empty list while no node's summary holds anything (then nothing is hashed).
+    /// Computed before any lock is taken.
+    pub(crate) fn digests(&self, keys: &[PageKey], pages: &[u8]) -> Vec<Option<Digest>> {
+        let scopes: Vec<DedupScope> = {
+            let view = self.view.read();
+            if view.nodes.iter().all(|n| n.link.content.lock().is_empty()) {
+                return Vec::new();
+            }
+            let scope = |k: &PageKey| view.pools.get(&k.pool).map(|p| p.spec.dedup);
+            keys.iter().map(|k| scope(k).unwrap_or(DedupScope::Off)).collect()
+        };
+        pages.chunks_exact(PAGE_SIZE).zip(scopes).map(|(page, scope)| digest(page, scope)).collect()
+    }
+
+    /// Puts one node's part of a batch: pages the node's summary says it holds go as
+    /// hashes first, the rest (and those it turns out not to hold) as bytes. `digests` is
+    /// [`Inner::digests`] for the part's pages (empty: none is sent by hash).
+    pub(crate) async fn put_part(
+        &self,
+        link: &NodeLink,
+        keys: &[PageKey],
+        pages: Bytes,
+        digests: &[Option<Digest>],
+    ) -> Result<Vec<PutOutcome>, ClientError> {
+        let filter = link.content.lock().clone();
+        let held: Vec<(usize, Digest)> = digests
+            .iter()
+            .enumerate()
+            .filter_map(|(i, d)| d.filter(|d| filter.contains(d.0)).map(|d| (i, d)))
+            .collect();
+        // A key repeated in the batch must end with its last page: the two requests
+        // below could reorder it, so such a batch goes whole.
+        if held.is_empty() || has_repeats(keys) {
+            return link.client.put_many(keys, pages).await;
+        }
+        let by_hash: Vec<usize> = held.iter().map(|h| h.0).collect();
+        let hash_keys: Vec<PageKey> = by_hash.iter().map(|&i| keys[i]).collect();
+        let contents: Vec<(u128, u32)> = held.iter().map(|h| h.1).collect();
+        let rest: Vec<usize> = (0..keys.len()).filter(|i| !by_hash.contains(i)).collect();
+        let (hashed, sent) = futures::future::join(
+            link.client.put_hashes(&hash_keys, &contents),
+            put_some(link, keys, &pages, &rest),
+        )
+        .await;
+        let mut outcomes = vec![PutOutcome::NotStored(NotStored::Full); keys.len()];
+        for (&i, outcome) in rest.iter().zip(sent?) {
+            outcomes[i] = outcome;
+        }
+        let mut missing = Vec::new();
+        for (&i, outcome) in by_hash.iter().zip(hashed?) {
+            match outcome {
+                HashPutOutcome::Stored => outcomes[i] = PutOutcome::Stored,
+                HashPutOutcome::NotStored(why) => outcomes[i] = PutOutcome::NotStored(why),
+                HashPutOutcome::NotHeld => missing.push(i),
+            }
+        }
+        let stored = by_hash.len() - missing.len();
+        self.dedup.stored_by_hash.fetch_add(stored as u64, Ordering::Relaxed);
+        self.dedup.not_held.fetch_add(missing.len() as u64, Ordering::Relaxed);
+        for (&i, outcome) in missing.iter().zip(put_some(link, keys, &pages, &missing).await?) {
+            outcomes[i] = outcome;
+        }
+        Ok(outcomes)
+    }
+}
+
+/// A page's content hash and CRC-32C.
+pub(crate) type Digest = (u128, u32);
+
+/// The digest of a page that a node could hold as a shared content: not a fill page
+/// (nodes keep those without a frame, never hashed), in a pool that dedups.
+fn digest(page: &[u8], scope: DedupScope) -> Option<Digest> {
+    if fill_word(page).is_some() {
+        return None;
+    }
+    content_hash(page, scope).map(|hash| (hash, checksum(page)))
+}
+
+/// Where a private ephemeral page goes: its owner, unless the owner's summary lacks the
+/// page's content and another candidate's has it (the first such in the view's order,
+/// so that the choice is stable).
+pub(crate) fn prefer_holder(
+    view: &View,
+    candidates: &[Candidate],
+    owner: Option<Slot>,
+    digest: Option<Digest>,
+) -> Option<Slot> {
+    let Some((hash, _)) = digest else { return owner };
+    let holds = |slot: Slot| view.node(slot).is_some_and(|n| n.link.content.lock().contains(hash));
+    if owner.is_some_and(holds) {
+        return owner;
+    }
+    candidates.iter().map(|c| c.slot).find(|&slot| holds(slot)).or(owner)
+}
+
+fn has_repeats(keys: &[PageKey]) -> bool {
+    let mut seen = HashSet::with_capacity(keys.len());
+    !keys.iter().all(|k| seen.insert((k.pool, k.object, k.index)))
+}
+
+/// Puts the pages at `positions` of a batch, as bytes.
+async fn put_some(
+    link: &NodeLink,
+    keys: &[PageKey],
+    pages: &Bytes,
+    positions: &[usize],
+) -> Result<Vec<PutOutcome>, ClientError> {
+    if positions.is_empty() {
+        return Ok(Vec::new());
+    }
+    let keys: Vec<PageKey> = positions.iter().map(|&i| keys[i]).collect();
+    let mut data = BytesMut::with_capacity(positions.len() * PAGE_SIZE);
+    for &i in positions {
+        data.extend_from_slice(&pages[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
+    }
+    link.client.put_many(&keys, data.freeze()).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fallow_core::{PoolId, TrustDomain};
+
+    #[test]
+    fn only_non_fill_pages_of_dedup_pools_have_digests() {
+        let scope = DedupScope::Domain(TrustDomain(3));
+        let mut page = vec![7u8; PAGE_SIZE];
+        page[0] = 8;
+        let hash = content_hash(&page, scope).unwrap();
+        assert_eq!(digest(&page, scope), Some((hash, checksum(&page))));
+        assert_eq!(digest(&page, DedupScope::Off), None);
+        assert_eq!(digest(&vec![0; PAGE_SIZE], scope), None);
+    }
+
+    #[test]
+    fn repeated_keys_are_found() {
+        let k = |i| PageKey::new(PoolId(1), 0, i);
+        assert!(!has_repeats(&[k(1), k(2), k(3)]));
+        assert!(has_repeats(&[k(1), k(2), k(1)]));
+    }
+}

@@ -1,0 +1,90 @@
+//! What a page's bytes are, as every part of fallow computes it: a fill pattern (a page
+//! that needs no frame), a 128-bit content hash (for dedup, on a node and across nodes)
+//! and a checksum (for integrity). Clients compute the same hash as the engine, so a
+//! client can tell a node "you already hold this content" ([`ContentFilter`], the PUT_HASHES
+//! request of `docs/protocol.md`) instead of sending the page.
+
+mod filter;
+
+pub use filter::{ContentFilter, FilterError, MAX_FILTER_HASHES};
+
+use crate::{DedupScope, PAGE_SIZE};
+
+/// A page whose every 8-byte word is the same costs no frame: the word is kept in the
+/// index entry (zero-filled pages are the common case, as in zswap's same-filled pages).
+pub fn fill_word(page: &[u8]) -> Option<u64> {
+    debug_assert_eq!(page.len(), PAGE_SIZE);
+    let (first, rest) = page.split_at(8);
+    // Comparing each 8-byte chunk with the first is what the CPU does well: no branch per
+    // byte, and the loop stops at the first difference, which for real data is early.
+    rest.chunks_exact(8).all(|c| c == first).then(|| u64::from_ne_bytes(first_word(first)))
+}
+
+fn first_word(b: &[u8]) -> [u8; 8] {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(b);
+    w
+}
+
+/// Writes a fill pattern back into a page buffer.
+pub fn write_fill(word: u64, out: &mut [u8]) {
+    let w = word.to_ne_bytes();
+    out.chunks_exact_mut(8).for_each(|c| c.copy_from_slice(&w));
+}
+
+/// A page's 128-bit content hash, seeded with its trust domain so that identical pages in
+/// different domains never meet in the dedup table: XXH3-128 of the 4096 bytes with the
+/// domain as its 64-bit seed. `None` when dedup is off. Part of the wire protocol (a
+/// PUT_HASHES request carries it), so it never changes within a protocol version.
+pub fn content_hash(page: &[u8], scope: DedupScope) -> Option<u128> {
+    match scope {
+        DedupScope::Domain(domain) => Some(xxhash_rust::xxh3::xxh3_128_with_seed(page, domain.0)),
+        DedupScope::Off => None,
+    }
+}
+
+/// The checksum kept beside every stored page and checked on every read: CRC-32C.
+pub fn checksum(page: &[u8]) -> u32 {
+    crc32c::crc32c(page)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::TrustDomain;
+
+    #[test]
+    fn fill_words_are_found_and_restored() {
+        let mut page = vec![0u8; PAGE_SIZE];
+        assert_eq!(fill_word(&page), Some(0));
+        write_fill(0x0102_0304_0506_0708, &mut page);
+        let w = fill_word(&page).unwrap();
+        let mut back = vec![0u8; PAGE_SIZE];
+        write_fill(w, &mut back);
+        assert_eq!(page, back);
+        page[4095] ^= 1;
+        assert_eq!(fill_word(&page), None);
+    }
+
+    #[test]
+    fn domains_change_the_hash() {
+        let page = vec![9u8; PAGE_SIZE];
+        let a = content_hash(&page, DedupScope::Domain(TrustDomain(1)));
+        let b = content_hash(&page, DedupScope::Domain(TrustDomain(2)));
+        assert_ne!(a, b);
+        assert_eq!(content_hash(&page, DedupScope::Off), None);
+    }
+
+    /// Golden values: the hash and checksum travel in PUT_HASHES, so a change here breaks
+    /// every client of another build.
+    #[test]
+    fn hash_and_checksum_are_stable() {
+        let page: Vec<u8> = (0..PAGE_SIZE).map(|i| (i % 251) as u8).collect();
+        let hash = content_hash(&page, DedupScope::Domain(TrustDomain(7))).unwrap();
+        assert_eq!(format!("{hash:032x}"), GOLDEN_HASH);
+        assert_eq!(checksum(&page), GOLDEN_CRC);
+    }
+
+    const GOLDEN_HASH: &str = "334e57890d1f0bd183cc3ece121c17c5";
+    const GOLDEN_CRC: u32 = 1905293308;
+}

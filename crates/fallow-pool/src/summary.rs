@@ -1,0 +1,141 @@
+//! The engine's content summary: a Bloom filter of the hashes of every page it holds in a
+//! dedup pool, which a node hands to clients (CONTENT_SUMMARY) so that they can send a
+//! hash instead of a page the engine already holds (`Engine::put_many_by_hash`).
+
+use fallow_core::content::ContentFilter;
+
+use crate::engine::Engine;
+
+/// Content slots visited per hold of the store's read lock: a few hundred microseconds,
+/// so puts (which need the write lock) wait no longer than that while a summary is built.
+const SLOTS_PER_STEP: usize = 16 * 1024;
+
+impl Engine {
+    /// Builds a filter of the content hashes held now, sized for the number of stored
+    /// contents at `false_positive_rate`, at most `max_bytes`. Walks the content table in
+    /// steps, releasing the store lock between them: a page stored meanwhile may be
+    /// missing from the filter and one released meanwhile may linger, both harmless (a
+    /// page sent whole, or a "not held" answer).
+    pub fn content_filter(&self, false_positive_rate: f64, max_bytes: usize) -> ContentFilter {
+        let contents = self.inner().store.read().usage().contents as u64;
+        let mut filter = ContentFilter::sized(contents, false_positive_rate, max_bytes);
+        if filter.is_empty() {
+            return filter;
+        }
+        let mut next = Some(0);
+        while let Some(from) = next {
+            let store = self.inner().store.read();
+            next = store.visit_hashes(from, SLOTS_PER_STEP, &mut |hash| filter.insert(hash));
+        }
+        filter
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use fallow_core::content::{checksum, content_hash};
+    use fallow_core::{
+        DedupScope, HashPutOutcome, Lookup, NotStored, PageKey, PageStore, PoolSpec, PutOutcome,
+        TrustDomain, PAGE_SIZE,
+    };
+
+    use crate::{Engine, EngineBuilder};
+
+    const DOMAIN: DedupScope = DedupScope::Domain(TrustDomain(5));
+
+    fn engine() -> Engine {
+        Engine::new(EngineBuilder::new(8 << 20).build().unwrap())
+    }
+
+    /// A page distinct for every seed and never a fill page (its first byte differs).
+    fn page(seed: u8) -> Vec<u8> {
+        let mut page = vec![seed; PAGE_SIZE];
+        page[0] = seed.wrapping_add(1);
+        page
+    }
+
+    fn digest(page: &[u8]) -> (u128, u32) {
+        (content_hash(page, DOMAIN).unwrap(), checksum(page))
+    }
+
+    #[test]
+    fn the_filter_holds_every_stored_hash_and_only_dedup_pools() {
+        let engine = engine();
+        let dedup = engine.create_pool(&PoolSpec::ephemeral().dedup(DOMAIN)).unwrap();
+        let plain = engine.create_pool(&PoolSpec::ephemeral().dedup(DedupScope::Off)).unwrap();
+        for i in 1..=50u8 {
+            assert_eq!(
+                engine.put(PageKey::new(dedup, 1, i as u64), &page(i)).unwrap(),
+                PutOutcome::Stored
+            );
+        }
+        engine.put(PageKey::new(plain, 1, 0), &page(99)).unwrap();
+        let filter = engine.content_filter(0.01, 1 << 20);
+        assert_eq!(filter.entries(), 50);
+        assert!((1..=50u8).all(|i| filter.contains(digest(&page(i)).0)));
+        assert!(!filter.contains(digest(&page(99)).0));
+        // Gone pages leave the next filter.
+        engine.invalidate_object(dedup, 1).unwrap();
+        assert_eq!(engine.content_filter(0.01, 1 << 20).entries(), 0);
+    }
+
+    #[test]
+    fn a_put_by_hash_shares_a_held_page_and_reads_back() {
+        let engine = engine();
+        let pool = engine.create_pool(&PoolSpec::ephemeral().dedup(DOMAIN)).unwrap();
+        let other = engine.create_pool(&PoolSpec::persistent().dedup(DOMAIN)).unwrap();
+        let bytes = page(7);
+        engine.put(PageKey::new(pool, 1, 1), &bytes).unwrap();
+        let frames = engine.memory().frames_used;
+        let key = PageKey::new(other, 9, 9);
+        assert_eq!(
+            engine.put_many_by_hash(&[key], &[digest(&bytes)]).unwrap(),
+            [HashPutOutcome::Stored]
+        );
+        assert_eq!(engine.memory().frames_used, frames, "no new frame");
+        let mut out = vec![0; PAGE_SIZE];
+        assert_eq!(engine.get(key, &mut out).unwrap(), Lookup::Hit);
+        assert_eq!(out, bytes);
+        // The shared content outlives the first key: the persistent key pinned it.
+        engine.invalidate_page(PageKey::new(pool, 1, 1)).unwrap();
+        assert_eq!(engine.get(key, &mut out).unwrap(), Lookup::Hit);
+        assert_eq!(out, bytes);
+        engine.validate();
+    }
+
+    #[test]
+    fn unknown_content_wrong_checksums_and_plain_pools_are_not_held() {
+        let engine = engine();
+        let pool = engine.create_pool(&PoolSpec::ephemeral().dedup(DOMAIN)).unwrap();
+        let plain = engine.create_pool(&PoolSpec::ephemeral().dedup(DedupScope::Off)).unwrap();
+        let bytes = page(3);
+        engine.put(PageKey::new(pool, 1, 1), &bytes).unwrap();
+        let (hash, crc) = digest(&bytes);
+        // An older page under the key goes, as after a refused put.
+        let key = PageKey::new(pool, 2, 2);
+        engine.put(key, &page(4)).unwrap();
+        let got = engine
+            .put_many_by_hash(
+                &[key, PageKey::new(pool, 2, 3), PageKey::new(plain, 1, 1)],
+                &[digest(&page(5)), (hash, crc ^ 1), (hash, crc)],
+            )
+            .unwrap();
+        assert_eq!(got, [HashPutOutcome::NotHeld; 3]);
+        let mut out = vec![0; PAGE_SIZE];
+        assert_eq!(engine.get(key, &mut out).unwrap(), Lookup::Miss);
+        assert!(engine.put_many_by_hash(&[key], &[]).is_err());
+        engine.validate();
+    }
+
+    #[test]
+    fn a_put_by_hash_respects_the_quota() {
+        let engine = engine();
+        let spec = PoolSpec::persistent().dedup(DOMAIN).quota_pages(1);
+        let pool = engine.create_pool(&spec).unwrap();
+        let bytes = page(11);
+        engine.put(PageKey::new(pool, 1, 1), &bytes).unwrap();
+        let got = engine.put_many_by_hash(&[PageKey::new(pool, 1, 2)], &[digest(&bytes)]).unwrap();
+        assert_eq!(got, [HashPutOutcome::NotStored(NotStored::OverQuota)]);
+        engine.validate();
+    }
+}
