@@ -15,7 +15,8 @@ fi
 # The compression crates (zstd, xz, bzip2) build C sources; the node tests drive a real
 # memcached (the baseline of `fallow bench pages`) and an independent Python client; the
 # NBD compliance suite (tests/compliance/nbd/) drives qemu-img/qemu-io, nbdinfo/nbdcopy/
-# nbdfuse, nbdsh, fio and nbdkit, and mounts ext4 through FUSE.
+# nbdfuse, nbdsh, fio and nbdkit, and mounts ext4 through FUSE; the cluster fault tests
+# (crates/fallow/tests/netns_faults.rs) partition a node with nft.
 packages=()
 command -v cc >/dev/null || packages+=(build-essential)
 command -v memcached >/dev/null || packages+=(memcached)
@@ -26,6 +27,7 @@ command -v nbdsh >/dev/null || packages+=(python3-libnbd)
 command -v nbdkit >/dev/null || packages+=(nbdkit)
 command -v fio >/dev/null || packages+=(fio)
 command -v fusermount3 >/dev/null || packages+=(fuse3)
+command -v nft >/dev/null || packages+=(nftables)
 # The RADOS store (cargo feature `rados`) links against librados, and its tests start a
 # throwaway single-node Ceph cluster (tests/ceph/): a monitor, an OSD and the ceph/rados
 # tools. Installed without recommends, which would add a manager and an MDS.

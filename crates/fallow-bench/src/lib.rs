@@ -8,7 +8,11 @@
 //!
 //! [`replay`]: those accesses through a real `fallow_pool::Engine` (one shard, an
 //! ephemeral pool of N pages), counting hits and misses.
+//!
+//! [`delay_proxy`]: a TCP proxy that adds a fixed latency in each direction, the netem
+//! stand-in of the fault tests (`fallow bench delay-proxy`).
 
+pub mod delay_proxy;
 pub mod pages;
 pub mod replay;
 pub mod trace;

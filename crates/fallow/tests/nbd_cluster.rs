@@ -17,7 +17,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{free_port, start_node, Daemon, ProcessGroup, TempDir};
+use support::{
+    free_port, nbd_serving_uri as serving_uri, start_node, Daemon, ProcessGroup, TempDir,
+};
 
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// A backstop for the fio script, which bounds its own commands to 60 s each.
@@ -157,11 +159,6 @@ fn fio_verifies_through_a_cluster_while_a_node_is_killed() {
     assert!(server.is_running() && !server.log_so_far().contains("panicked"));
     assert!(server.signal("TERM").success());
     assert!(server.wait_timeout(Duration::from_secs(15)).is_some_and(|s| s.success()));
-}
-
-/// The URI in a `fallow nbd: serving nbd://ADDR/NAME` line.
-fn serving_uri(line: &str) -> Option<String> {
-    line.strip_prefix("fallow nbd: serving ").map(|u| u.trim().to_string())
 }
 
 #[test]

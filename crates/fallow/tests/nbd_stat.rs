@@ -9,15 +9,9 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::Value;
-use support::{Daemon, TempDir};
+use support::{metrics_addr, Daemon, TempDir};
 
 const START: Duration = Duration::from_secs(20);
-
-/// The address in a log line `... serving metrics at http://ADDR/metrics ...`.
-fn metrics_addr(line: &str) -> Option<String> {
-    let url = line.split_once("serving metrics at http://")?.1;
-    Some(url.split_once("/metrics")?.0.to_string())
-}
 
 /// Starts `fallow nbd` with one 16 MiB RAM export `d` and these extra flags; returns it,
 /// its metrics address and the export's URI.

@@ -8,6 +8,8 @@
 // Each test binary uses a different part of this module.
 #![allow(dead_code)]
 
+pub mod netns;
+
 use std::io::{BufRead, BufReader};
 use std::net::{TcpListener, TcpStream};
 use std::ops::{Deref, DerefMut};
@@ -323,9 +325,15 @@ impl DerefMut for Daemon {
 /// Starts `fallow node ARGS` (logging at `info`, stdin closed) and waits up to `timeout`
 /// for the TCP address it logs; returns the running node and that address.
 pub fn start_node(args: &[&str], timeout: Duration) -> (Daemon, String) {
+    start_node_with(fallow(), args, timeout)
+}
+
+/// [`start_node`] with `fallow` as the command that runs the binary under test, e.g.
+/// `ip netns exec NETNS BIN` (support::netns).
+pub fn start_node_with(mut fallow: Command, args: &[&str], timeout: Duration) -> (Daemon, String) {
     Daemon::start(
         "the node",
-        fallow().arg("node").args(args).env("FALLOW_LOG", "info").stdin(Stdio::null()),
+        fallow.arg("node").args(args).env("FALLOW_LOG", "info").stdin(Stdio::null()),
         "TCP address",
         timeout,
         node_tcp_addr,
@@ -339,6 +347,17 @@ pub fn node_tcp_addr(line: &str) -> Option<String> {
     }
     let addr = line.split_once("addr=")?.1.split_whitespace().next()?;
     Some(addr.to_string())
+}
+
+/// The URI in a `fallow nbd: serving URI` line.
+pub fn nbd_serving_uri(line: &str) -> Option<String> {
+    line.strip_prefix("fallow nbd: serving ").map(|u| u.trim().to_string())
+}
+
+/// The address in a log line `... serving metrics at http://ADDR/metrics ...`.
+pub fn metrics_addr(line: &str) -> Option<String> {
+    let url = line.split_once("serving metrics at http://")?.1;
+    Some(url.split_once("/metrics")?.0.to_string())
 }
 
 /// A scratch directory, `$TMPDIR/fallow-NAME-PID`, removed (with what is in it) when
