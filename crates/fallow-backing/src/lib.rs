@@ -80,6 +80,14 @@ pub trait BackingStore: Send + Sync + fmt::Debug {
     /// What the store can do.
     fn capabilities(&self) -> Capabilities;
 
+    /// The alignment writes, trims and zeroes must keep (offset and length both), a power
+    /// of two up to 4096: 1 for stores that take any byte range; an upstream NBD export's
+    /// advertised minimum. Exports advertise it to their clients and refuse misaligned
+    /// writes with `EINVAL`.
+    fn min_block_size(&self) -> u32 {
+        1
+    }
+
     /// The I/O size the store prefers: smaller requests cost it a read-modify-write (a
     /// file: 4 KiB; an object store that writes byte ranges in place, as RADOS does: 4 KiB
     /// too, not its object size).

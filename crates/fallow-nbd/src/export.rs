@@ -55,11 +55,17 @@ impl Export {
         flags
     }
 
-    /// The block sizes: any alignment works (unaligned requests are split into head,
-    /// pages and tail), 4 KiB is best, payloads up to [`MAX_PAYLOAD`].
+    /// The block sizes: the backing store's minimum (1 for most: unaligned reads are split
+    /// into head, pages and tail; an upstream NBD export may need aligned writes), 4 KiB or
+    /// the store's preference, payloads up to [`MAX_PAYLOAD`].
     pub fn block_size(&self) -> BlockSize {
         let preferred = PREFERRED.max(self.cache.backing().preferred_block_size().min(1 << 20));
-        BlockSize { min: 1, preferred, max: MAX_PAYLOAD }
+        BlockSize { min: self.min_block(), preferred, max: MAX_PAYLOAD }
+    }
+
+    /// The alignment writes, trims and zeroes must keep: the backing store's.
+    pub fn min_block(&self) -> u32 {
+        self.cache.backing().min_block_size().clamp(1, PREFERRED)
     }
 
     /// True when BLOCK_STATUS `base:allocation` can be answered.

@@ -32,6 +32,17 @@ pub fn validate(
     let caps = export.cache.backing().capabilities();
     let len = request.length as u64;
     let in_range = request.offset.checked_add(len).is_some_and(|end| end <= export.size());
+    // Reads of any alignment are served (split around whole pages); writes go through to
+    // the backing store, which may need them aligned (an upstream NBD export's minimum
+    // block size, advertised to our clients too).
+    let min = export.min_block() as u64;
+    let aligned = request.offset.is_multiple_of(min) && len.is_multiple_of(min);
+    if matches!(cmd, Cmd::Write | Cmd::WriteZeroes | Cmd::Trim) && !aligned && !read_only {
+        return Err((
+            NBD_EINVAL,
+            format!("{} not aligned to the export's minimum block size of {min} bytes", cmd.name()),
+        ));
+    }
     match cmd {
         Cmd::Read | Cmd::Cache => {
             if cmd == Cmd::Read && request.length > MAX_PAYLOAD {

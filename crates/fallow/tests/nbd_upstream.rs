@@ -203,3 +203,81 @@ fn write_back_survives_kill_9_for_everything_flushed() {
     assert!(bytes[8 << 20..9 << 20].iter().all(|b| *b == 0 || *b == 0x63));
     let _ = std::fs::remove_file(&image);
 }
+
+/// An upstream export that needs 4 KiB-aligned requests (nbdkit's blocksize-policy filter,
+/// which fails misaligned ones): fallow advertises the same minimum, qemu-io (which honours
+/// it with its own read-modify-write) round-trips unaligned data, and a misaligned write
+/// sent anyway is refused with EINVAL on a connection that stays usable. An upstream that
+/// needs blocks larger than a page is refused at start, with the reason.
+#[test]
+fn an_upstream_minimum_block_size_is_advertised_and_enforced() {
+    if !have("nbdkit") || !have("nbdinfo") || !have("nbdsh") || !have("qemu-io") {
+        eprintln!("skipped: nbdkit, nbdinfo, nbdsh and qemu-io are needed");
+        return;
+    }
+    let nbdkit = |port: u16, minimum: u32| {
+        KillOnDrop::spawn(
+            Command::new("nbdkit")
+                .args(["-f", "-i", "127.0.0.1", "-p", &port.to_string(), "--exit-with-parent"])
+                .args(["--filter=blocksize-policy", "memory", "size=16M"])
+                .arg(format!("blocksize-minimum={minimum}"))
+                .arg(format!("blocksize-preferred={}", minimum.max(4096)))
+                .arg("blocksize-error-policy=error")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        )
+    };
+    let port = support::free_port();
+    let _upstream = nbdkit(port, 4096);
+    assert!(support::port_opens(port, Duration::from_secs(10)), "nbdkit did not start");
+    let export = format!("disk=nbd://127.0.0.1:{port}/");
+    let (_fallow, uri) = start_fallow(&["--export", &export, "--listen", "127.0.0.1:0"]);
+
+    let out = Command::new("timeout").args(["30", "nbdinfo", "--json", &uri]).output().unwrap();
+    let info = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{info}");
+    assert!(info.contains("\"block_size_minimum\": 4096"), "{info}");
+
+    let (ok, text) = qemu_io(&uri, &["write -P 7 512 1k", "read -P 7 512 1k", "read -P 0 0 512"]);
+    assert!(ok, "qemu-io, which aligns for the export: {text}");
+
+    // Strict mode off: libnbd sends the misaligned write as asked.
+    let script = r#"
+h.set_strict_mode(0)
+try:
+    h.pwrite(b"x" * 512, 512)
+    raise SystemExit("a misaligned write was accepted")
+except nbd.Error as e:
+    assert e.errnum == errno.EINVAL, e
+buf = h.pread(4096, 0)
+assert buf[512:1536] == b"\x07" * 1024, buf[:16]
+h.pwrite(b"y" * 4096, 8192)
+assert h.pread(4096, 8192) == b"y" * 4096
+print("ok")
+"#;
+    // Debian's python3 first: nbdsh runs `python3 -m nbd`, and the module exists only for
+    // it, not for a pyenv python3 that may come first on PATH.
+    let path = format!("/usr/bin:/bin:{}", std::env::var("PATH").unwrap_or_default());
+    let out = Command::new("timeout")
+        .args(["30", "nbdsh", "-u", &uri, "-c", "import errno", "-c", script])
+        .env("PATH", path)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .unwrap();
+    let text =
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.contains("ok"), "{text}");
+
+    // Blocks larger than a page: refused when the export opens.
+    let big = support::free_port();
+    let _big_upstream = nbdkit(big, 65536);
+    assert!(support::port_opens(big, Duration::from_secs(10)), "nbdkit did not start");
+    let out = support::fallow()
+        .args(["nbd", "--listen", "127.0.0.1:0", "--export"])
+        .arg(format!("disk=nbd://127.0.0.1:{big}/"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("minimum block size is 65536"), "{text}");
+}

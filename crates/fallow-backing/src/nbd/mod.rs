@@ -118,12 +118,20 @@ const MAX_IOVECS: usize = 64;
 /// most a 64 KiB message, is far smaller).
 const MAX_CHUNK: u32 = 4 + 8 * MAX_BLOCK_STATUS_EXTENTS as u32;
 
+/// A page of the cache above: the largest minimum block size an upstream export may ask.
+const PAGE: u32 = 4096;
+
 /// What negotiation learned, about the export and about one connection.
 #[derive(Debug, Clone, Copy)]
 struct ExportInfo {
     size: u64,
     flags: u16,
     max_payload: u32,
+    /// The export's minimum block size (1 when it did not say): writes, trims and zeroes
+    /// must be aligned to it.
+    min_block: u32,
+    /// The export's preferred block size.
+    preferred_block: u32,
     /// `base:allocation` was agreed (on the first connection: what the store offers).
     block_status: bool,
 }
@@ -277,6 +285,14 @@ fn kind_of(error: u32) -> io::ErrorKind {
 impl BackingStore for NbdStore {
     fn size(&self) -> u64 {
         self.info.size
+    }
+
+    fn min_block_size(&self) -> u32 {
+        self.info.min_block
+    }
+
+    fn preferred_block_size(&self) -> u32 {
+        self.info.preferred_block.max(PAGE)
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -96,9 +96,17 @@ impl Haggle<'_> {
             other => return Err(self.unexpected("STRUCTURED_REPLY", &other)),
         };
         let base_allocation = if structured { self.base_allocation().await? } else { None };
-        let (size, flags, max_payload) = self.go().await?;
+        let (size, flags, blocks) = self.go().await?;
         let block_status = base_allocation.is_some();
-        Ok((ExportInfo { size, flags, max_payload, block_status }, structured, base_allocation))
+        let info = ExportInfo {
+            size,
+            flags,
+            max_payload: blocks.max,
+            min_block: blocks.min,
+            preferred_block: blocks.preferred,
+            block_status,
+        };
+        Ok((info, structured, base_allocation))
     }
 
     /// SET_META_CONTEXT `base:allocation`: the id the server gives it, if it does.
@@ -123,11 +131,13 @@ impl Haggle<'_> {
         }
     }
 
-    /// GO with a request for the block sizes: (size, transmission flags, max payload).
-    pub(super) async fn go(&mut self) -> io::Result<(u64, u16, u32)> {
+    /// GO with a request for the block sizes: (size, transmission flags, block sizes, the
+    /// maximum clamped to what this store sends at once).
+    pub(super) async fn go(&mut self) -> io::Result<(u64, u16, BlockSize)> {
         let name = self.uri.export().to_string();
         self.send(Opt::Go(ExportOpt { name, info_requests: vec![NBD_INFO_BLOCK_SIZE] })).await?;
-        let (mut size, mut flags, mut max_payload) = (None, 0u16, DEFAULT_MAX_PAYLOAD);
+        let (mut size, mut flags) = (None, 0u16);
+        let mut blocks = BlockSize::DEFAULT;
         loop {
             match self.reply(NBD_OPT_GO).await? {
                 OptionReply::Info(Info::Export { size: s, flags: f }) => {
@@ -135,7 +145,23 @@ impl Haggle<'_> {
                     flags = f;
                 }
                 OptionReply::Info(Info::BlockSize(b)) => {
-                    max_payload = b.max.clamp(4096, DEFAULT_MAX_PAYLOAD)
+                    // The cache above reads and writes whole 4 KiB pages where it can, and
+                    // passes clients' writes through: an export that needs larger blocks
+                    // than a page cannot be served, one that needs smaller ones can.
+                    if !b.min.is_power_of_two() || b.min > PAGE {
+                        let _ = self.send(Opt::Abort).await;
+                        let why = format!(
+                            "the export's minimum block size is {} bytes; fallow serves \
+                             exports whose minimum is a power of two up to {PAGE}",
+                            b.min
+                        );
+                        return Err(protocol_error(self.uri, why));
+                    }
+                    blocks = BlockSize {
+                        min: b.min,
+                        preferred: b.preferred.max(b.min),
+                        max: b.max.clamp(PAGE, DEFAULT_MAX_PAYLOAD),
+                    };
                 }
                 OptionReply::Info(_) => {}
                 OptionReply::Ack => break,
@@ -150,7 +176,7 @@ impl Haggle<'_> {
             }
         }
         let size = size.ok_or_else(|| protocol_error(self.uri, "GO succeeded without a size"))?;
-        Ok((size, flags, max_payload))
+        Ok((size, flags, blocks))
     }
 
     pub(super) async fn send(&mut self, opt: Opt) -> io::Result<()> {
