@@ -19,9 +19,10 @@ use fallow_pool::{Engine, EngineBuilder};
 /// (`file:PATH`, or just a path; `file:PATH,size=SIZE` creates a sparse image if missing),
 /// a RAM disk (`mem:SIZE`), an upstream NBD server (`nbd://HOST:PORT/EXPORT`) or, in a
 /// build with the `rados` feature, a Ceph RADOS image striped over 4 MiB objects
-/// (`rados:POOL/PREFIX[,size=SIZE][,conf=PATH][,user=NAME][,namespace=NS]`: `size=`
+/// (`rados:POOL/PREFIX[,size=SIZE][,conf=PATH][,user=NAME][,namespace=NS][,timeout=SECS]`: `size=`
 /// creates it if missing; the configuration defaults to $CEPH_CONF, then
-/// /etc/ceph/ceph.conf, and the user to admin). Reads go to the local tier, then the pool
+/// /etc/ceph/ceph.conf, the user to admin, and `timeout=`, how long opening waits for the
+/// cluster, to 10 s). Reads go to the local tier, then the pool
 /// (`--pool local:SIZE` for one in this process, or `fallow://HOST:PORT` for a node or
 /// `fallow://A,B,C` for a cluster, with `--secret-file`), then the backing store; writes go through to the backing store before
 /// they are acknowledged. Connect with any NBD client, e.g.
@@ -29,7 +30,7 @@ use fallow_pool::{Engine, EngineBuilder};
 #[derive(Debug, Args)]
 pub struct NbdArgs {
     /// An export: NAME=file:PATH[,size=SIZE] | NAME=PATH | NAME=mem:SIZE | NAME=nbd://… |
-    /// NAME=rados:POOL/PREFIX[,size=SIZE][,conf=PATH][,user=NAME][,namespace=NS].
+    /// NAME=rados:POOL/PREFIX[,size=SIZE][,conf=PATH][,user=NAME][,namespace=NS][,timeout=SECS].
     /// Repeatable; the first is also the default export.
     #[arg(long = "export", value_name = "NAME=BACKING", required = true)]
     exports: Vec<String>,
@@ -137,11 +138,12 @@ async fn open_rados(spec: &str, _rest: &str) -> anyhow::Result<Arc<dyn BackingSt
     )
 }
 
-/// `POOL/PREFIX[,size=SIZE][,conf=PATH][,user=NAME][,namespace=NS]`: where the image is,
+/// `POOL/PREFIX[,size=SIZE][,conf=PATH][,user=NAME][,namespace=NS][,timeout=SECS]`: where the image is,
 /// and the size to create it with if it is missing.
 #[cfg(feature = "rados")]
 fn parse_rados(rest: &str) -> anyhow::Result<(fallow_backing::RadosConfig, Option<u64>)> {
-    const FORM: &str = "rados:POOL/PREFIX[,size=SIZE][,conf=PATH][,user=NAME][,namespace=NS]";
+    const FORM: &str =
+        "rados:POOL/PREFIX[,size=SIZE][,conf=PATH][,user=NAME][,namespace=NS][,timeout=SECS]";
     let mut parts = rest.split(',');
     let location = parts.next().unwrap_or_default();
     let Some((pool, prefix)) =
@@ -161,6 +163,11 @@ fn parse_rados(rest: &str) -> anyhow::Result<(fallow_backing::RadosConfig, Optio
             Some(("conf", v)) if !v.is_empty() => config = config.conf(v),
             Some(("user", v)) if !v.is_empty() => config = config.user(v),
             Some(("namespace", v)) if !v.is_empty() => config = config.namespace(v),
+            Some(("timeout", v)) => {
+                let secs = v.parse::<f64>().ok().filter(|s| s.is_finite() && *s > 0.0);
+                let secs = secs.with_context(|| format!("timeout={v}: give seconds, e.g. 10"))?;
+                config = config.connect_timeout(std::time::Duration::from_secs_f64(secs));
+            }
             _ => bail!("unknown or empty option {part:?}; expected {FORM}"),
         }
     }
@@ -326,15 +333,22 @@ mod tests {
     #[test]
     fn rados_specs_parse_and_bad_ones_say_the_form() {
         let (config, size) =
-            parse_rados("cache/img,size=64M,conf=/c.conf,user=client.bob,namespace=t").unwrap();
-        let want = RadosConfig::new("cache", "img").conf("/c.conf").user("bob").namespace("t");
+            parse_rados("cache/img,size=64M,conf=/c.conf,user=client.bob,namespace=t,timeout=2.5")
+                .unwrap();
+        let want = RadosConfig::new("cache", "img")
+            .conf("/c.conf")
+            .user("bob")
+            .namespace("t")
+            .connect_timeout(std::time::Duration::from_millis(2500));
         assert_eq!((config, size), (want, Some(64 << 20)));
         let (config, size) = parse_rados("p/dir/img").unwrap();
         assert_eq!(config.image(), "rados:p/dir/img");
         assert_eq!(size, None);
-        for bad in ["cache", "/img", "cache/", "cache/img,size=lots", "cache/img,color=red"] {
+        let bad = ["cache", "/img", "cache/", "cache/img,size=lots", "cache/img,color=red"];
+        for bad in bad.into_iter().chain(["cache/img,timeout=0", "cache/img,timeout=soon"]) {
             let err = format!("{:#}", parse_rados(bad).unwrap_err());
-            assert!(err.contains("size=") || err.contains("POOL/PREFIX"), "{bad}: {err}");
+            let named = ["size=", "POOL/PREFIX", "timeout="].iter().any(|w| err.contains(w));
+            assert!(named, "{bad}: {err}");
         }
     }
 }
