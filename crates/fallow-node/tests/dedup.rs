@@ -14,7 +14,9 @@ use fallow_core::{
 };
 use fallow_node::summary::SummarySettings;
 use fallow_proto::fallow::Op;
-use support::{assert_pages, keys, pages, three_nodes, Options, TestNode, SECRET};
+use support::{
+    assert_pages, keys, pages, three_nodes, three_nodes_with, Options, TestNode, SECRET,
+};
 
 const DOMAIN: DedupScope = DedupScope::Domain(TrustDomain(0x5eed));
 
@@ -110,7 +112,9 @@ async fn cluster_client(seeds: &[std::net::SocketAddr]) -> ClusterClient {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clones_go_to_the_node_holding_their_content_as_hashes() {
-    let nodes = three_nodes().await;
+    // Summaries rebuilt on every request, so each round sees the clone before.
+    let nodes =
+        three_nodes_with(SummarySettings { refresh: Duration::ZERO, ..Default::default() }).await;
     let cluster = cluster_client(&[nodes[0].addr]).await;
     assert_eq!(cluster.nodes().len(), 3);
     let n = 300;
@@ -145,6 +149,23 @@ async fn clones_go_to_the_node_holding_their_content_as_hashes() {
         stats.not_held as usize,
         "only false positives took frames"
     );
+
+    // Persistent clones keep two copies: the first one's copies go by hash where the
+    // content is (one copy; the other node has to receive the page), and once both copies'
+    // nodes hold it, a second clone sends both as hashes.
+    let mut by_hash = Vec::new();
+    for clone in 0..2u64 {
+        cluster.refresh_summaries().await;
+        let before = cluster.dedup().stored_by_hash;
+        let pool = cluster.create_pool(&PoolSpec::persistent().dedup(DOMAIN)).await.unwrap();
+        let clone_keys = keys(pool, 20 + clone, n);
+        let outcomes = cluster.put_many(&clone_keys, data.clone()).await.unwrap();
+        assert!(outcomes.iter().all(|o| *o == PutOutcome::Stored), "{outcomes:?}");
+        assert_pages(&cluster.get_many(&clone_keys).await.unwrap(), &data, "a persistent clone");
+        by_hash.push(cluster.dedup().stored_by_hash - before);
+    }
+    assert!((n * 9 / 10..=n * 11 / 10).contains(&by_hash[0]), "{by_hash:?} of {n} pages");
+    assert!(by_hash[1] >= 2 * n * 9 / 10, "{by_hash:?}: both copies by hash");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

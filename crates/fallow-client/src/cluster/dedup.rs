@@ -218,21 +218,33 @@ fn digest(page: &[u8], scope: DedupScope) -> Option<Digest> {
     content_hash(page, scope).map(|hash| (hash, checksum(page)))
 }
 
-/// Where a private ephemeral page goes: its owner, unless the owner's summary lacks the
-/// page's content and another candidate's has it (the first such in the view's order,
-/// so that the choice is stable).
-pub(crate) fn prefer_holder(
+/// Where a private page goes, given its rendezvous owners (one for an ephemeral page, two
+/// for a persistent one): owners that hold its content first, then other candidates that
+/// hold it (in the view's order, so that the choice is stable), then the other owners.
+/// Without a digest, the owners.
+pub(crate) fn prefer_holders(
     view: &View,
     candidates: &[Candidate],
-    owner: Option<Slot>,
+    owners: [Option<Slot>; 2],
     digest: Option<Digest>,
-) -> Option<Slot> {
-    let Some((hash, _)) = digest else { return owner };
+) -> [Option<Slot>; 2] {
+    let Some((hash, _)) = digest else { return owners };
     let holds = |slot: Slot| view.node(slot).is_some_and(|n| n.link.content.lock().contains(hash));
-    if owner.is_some_and(holds) {
-        return owner;
+    let wanted = owners.iter().filter(|o| o.is_some()).count();
+    let owners = owners.into_iter().flatten();
+    let others = candidates.iter().map(|c| c.slot);
+    let mut chosen: Vec<Slot> = Vec::with_capacity(2);
+    let order =
+        owners.clone().filter(|&s| holds(s)).chain(others.filter(|&s| holds(s))).chain(owners);
+    for slot in order {
+        if chosen.len() == wanted {
+            break;
+        }
+        if !chosen.contains(&slot) {
+            chosen.push(slot);
+        }
     }
-    candidates.iter().map(|c| c.slot).find(|&slot| holds(slot)).or(owner)
+    [chosen.first().copied(), chosen.get(1).copied()]
 }
 
 fn has_repeats(keys: &[PageKey]) -> bool {

@@ -25,7 +25,7 @@ use fallow_core::{
 };
 
 use super::client::ClusterClient;
-use super::dedup::{prefer_holder, Digest};
+use super::dedup::{prefer_holders, Digest};
 use super::placement::{key_hash, owner, top_two, Candidate};
 use super::summary::Slot;
 use super::view::{Kind, LogicalPool, NodeLink, View};
@@ -95,10 +95,17 @@ impl<'a> Router<'a> {
     }
 
     /// Where a new persistent page of `key` goes: its two best nodes.
-    fn owners(&mut self, key: &PageKey, pool: &LogicalPool) -> [Option<Slot>; 2] {
+    /// With the page's digest, nodes that hold its content come first (`dedup.rs`).
+    fn owners(
+        &mut self,
+        key: &PageKey,
+        pool: &LogicalPool,
+        digest: Option<Digest>,
+    ) -> [Option<Slot>; 2] {
         self.cache(key.pool, pool);
         let Some((_, candidates, _)) = self.cached.as_ref() else { return [None, None] };
-        top_two(key_hash(pool.seed, key.object, key.index), candidates)
+        let two = top_two(key_hash(pool.seed, key.object, key.index), candidates);
+        prefer_holders(self.view, candidates, two, digest)
     }
 
     /// Where a new page of `key` goes.
@@ -122,7 +129,9 @@ impl<'a> Router<'a> {
         }
         self.cache(id, pool);
         match self.cached.as_ref() {
-            Some((_, candidates, _)) => prefer_holder(self.view, candidates, owner, digest),
+            Some((_, candidates, _)) => {
+                prefer_holders(self.view, candidates, [owner, None], digest)[0]
+            }
             None => owner,
         }
     }
@@ -191,7 +200,8 @@ impl ClusterClient {
                         puts.add(&router.home(key.pool, pool)?, Kind::Persistent, i, key)
                     }
                     Kind::Replicated => {
-                        let targets = match router.owners(key, pool) {
+                        let digest = digests.get(i).copied().flatten();
+                        let targets = match router.owners(key, pool, digest) {
                             [Some(a), Some(b)] => {
                                 view.route(pool, a).zip(view.route(pool, b)).map(|r| ([a, b], r))
                             }

@@ -221,9 +221,18 @@ impl Drop for CutProxy {
 
 /// A node that gossips, joining `join` (gossip addresses).
 pub fn gossiping(join: Vec<String>) -> TestNode {
+    gossiping_with(join, Default::default())
+}
+
+/// A node that gossips, joining `join`, with these content summary settings.
+pub fn gossiping_with(
+    join: Vec<String>,
+    summary: fallow_node::summary::SummarySettings,
+) -> TestNode {
     TestNode::with(Options {
         cluster: Some(ClusterSettings { gossip: None, join }),
         budget: 32 << 20,
+        summary,
         ..Options::default()
     })
 }
@@ -235,9 +244,14 @@ pub fn gossip_addr(node: &TestNode) -> String {
 
 /// Three gossiping nodes that all list each other alive.
 pub async fn three_nodes() -> Vec<TestNode> {
-    let a = gossiping(vec![]);
-    let b = gossiping(vec![gossip_addr(&a)]);
-    let c = gossiping(vec![gossip_addr(&a), gossip_addr(&b)]);
+    three_nodes_with(Default::default()).await
+}
+
+/// Three gossiping nodes with these content summary settings, all listing each other alive.
+pub async fn three_nodes_with(summary: fallow_node::summary::SummarySettings) -> Vec<TestNode> {
+    let a = gossiping_with(vec![], summary);
+    let b = gossiping_with(vec![gossip_addr(&a)], summary);
+    let c = gossiping_with(vec![gossip_addr(&a), gossip_addr(&b)], summary);
     let nodes = vec![a, b, c];
     for node in &nodes {
         wait_for_members(node, 3).await;
