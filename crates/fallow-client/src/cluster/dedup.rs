@@ -1,20 +1,20 @@
 //! Dedup across nodes, the cluster client's side: every node's content summary (a Bloom
 //! filter of the content hashes it holds), fetched in the background; pages of a private
-//! ephemeral pool placed on a node that holds their content when one does (the summary of
+//! pool placed on a node that holds their content when one does (the summary of
 //! placements finds them there later); and puts that send a page's hash instead of its
 //! bytes when the node's summary says it holds that content.
 //!
 //! ```text
 //!  put batch ─ per page: fill? dedup off? no summary? ─ yes ─▶ PUT (bytes) to the owner
 //!                  │ no: content hash (before any lock)
-//!                  ├─ private ephemeral pool: the owner, unless only another node holds it
+//!                  ├─ private pool: the owner(s), unless only another node holds it
 //!                  └─ to that node: held? ─ no ─▶ PUT (bytes)
 //!                                        └─ yes ─▶ PUT_HASHES ─ "not held" ─▶ PUT (bytes)
 //! ```
 //!
-//! Shared and persistent pools are placed by key alone (other clients, or the second
-//! copy, must find their pages by key); their pages go as hashes when their owner holds
-//! the content.
+//! Private persistent pages prefer, for their two copies, nodes that hold the content.
+//! Shared pools are placed by key alone (other clients must find their pages by key);
+//! their pages go as hashes when their owner holds the content.
 //!
 //! A false positive of the filter, or content N dropped since the summary was built,
 //! costs one more round trip for that page and nothing else: a "not held" answer leaves
