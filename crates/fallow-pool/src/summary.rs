@@ -69,7 +69,7 @@ mod tests {
                 PutOutcome::Stored
             );
         }
-        engine.put(PageKey::new(plain, 1, 0), &page(99)).unwrap();
+        assert_eq!(engine.put(PageKey::new(plain, 1, 0), &page(99)).unwrap(), PutOutcome::Stored);
         let filter = engine.content_filter(0.01, 1 << 20);
         assert_eq!(filter.entries(), 50);
         assert!((1..=50u8).all(|i| filter.contains(digest(&page(i)).0)));
@@ -85,7 +85,7 @@ mod tests {
         let pool = engine.create_pool(&PoolSpec::ephemeral().dedup(DOMAIN)).unwrap();
         let other = engine.create_pool(&PoolSpec::persistent().dedup(DOMAIN)).unwrap();
         let bytes = page(7);
-        engine.put(PageKey::new(pool, 1, 1), &bytes).unwrap();
+        assert_eq!(engine.put(PageKey::new(pool, 1, 1), &bytes).unwrap(), PutOutcome::Stored);
         let frames = engine.memory().frames_used;
         let key = PageKey::new(other, 9, 9);
         assert_eq!(
@@ -109,11 +109,11 @@ mod tests {
         let pool = engine.create_pool(&PoolSpec::ephemeral().dedup(DOMAIN)).unwrap();
         let plain = engine.create_pool(&PoolSpec::ephemeral().dedup(DedupScope::Off)).unwrap();
         let bytes = page(3);
-        engine.put(PageKey::new(pool, 1, 1), &bytes).unwrap();
+        assert_eq!(engine.put(PageKey::new(pool, 1, 1), &bytes).unwrap(), PutOutcome::Stored);
         let (hash, crc) = digest(&bytes);
         // An older page under the key goes, as after a refused put.
         let key = PageKey::new(pool, 2, 2);
-        engine.put(key, &page(4)).unwrap();
+        assert_eq!(engine.put(key, &page(4)).unwrap(), PutOutcome::Stored);
         let got = engine
             .put_many_by_hash(
                 &[key, PageKey::new(pool, 2, 3), PageKey::new(plain, 1, 1)],
@@ -133,7 +133,7 @@ mod tests {
         let spec = PoolSpec::persistent().dedup(DOMAIN).quota_pages(1);
         let pool = engine.create_pool(&spec).unwrap();
         let bytes = page(11);
-        engine.put(PageKey::new(pool, 1, 1), &bytes).unwrap();
+        assert_eq!(engine.put(PageKey::new(pool, 1, 1), &bytes).unwrap(), PutOutcome::Stored);
         let got = engine.put_many_by_hash(&[PageKey::new(pool, 1, 2)], &[digest(&bytes)]).unwrap();
         assert_eq!(got, [HashPutOutcome::NotStored(NotStored::OverQuota)]);
         engine.validate();
