@@ -25,8 +25,10 @@ PANELS = ["arc_OLTP", "arc_P2", "arc_P3", "cloudPhysicsIO", "cloudPhysicsIO (rea
 
 
 def read(path):
-    header, rows = None, defaultdict(list)
+    header, rows, default = None, defaultdict(list), "adaptive"
     for line in open(path):
+        if line.startswith("Default policy `"):
+            default = line.split("`")[1]
         if not line.startswith("|"):
             continue
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -36,13 +38,13 @@ def read(path):
         if header is None or set(cells[0]) <= set("-: "):
             continue
         rows[cells[0]].append(dict(zip(header, cells)))
-    return header, rows
+    return header, rows, default
 
 
 def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
-    header, rows = read(sys.argv[1])
+    header, rows, default = read(sys.argv[1])
     ours = [h for h in header if h.startswith("ours ")]
     panels = [p for p in PANELS if p in rows]
     cols = 6
@@ -54,7 +56,7 @@ def main():
         ax.plot(x, [float(r["ref best online"]) for r in data], "--", color="grey", lw=1.2,
                 label="ref best online")
         for h in ours:
-            style = dict(lw=2.4, color="black", zorder=5) if h.endswith("adaptive") else dict(lw=1)
+            style = dict(lw=2.4, color="black", zorder=5) if h == f"ours {default}" else dict(lw=1)
             ax.plot(x, [float(r[h]) for r in data], marker=".", label=h[5:], **style)
         ax.set_xscale("log")
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())

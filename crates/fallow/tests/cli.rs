@@ -29,7 +29,7 @@ fn replay_json_reports_the_required_fields() {
     assert_eq!(v["accesses"], 200);
     assert_eq!(v["misses"], 20, "a 20-page loop in 20 pages misses only the first pass");
     assert_eq!(v["cache_pages"], 20);
-    assert_eq!(v["policy"], "adaptive");
+    assert_eq!(v["policy"], fallow_pool::eviction::DEFAULT_POLICY);
     assert!((v["miss_ratio"].as_f64().unwrap() - 0.1).abs() < 1e-9);
 }
 

@@ -1,5 +1,7 @@
-//! `adaptive`, the default policy: several expert policies order the same resident pages,
-//! and miniature simulations decide which expert picks the victims.
+//! `adaptive`: several expert policies order the same resident pages, and miniature
+//! simulations decide which expert picks the victims. It was the default until
+//! `s3fifo-lean` (one expert, its one parameter chosen by the same simulations) beat it on
+//! the shared traces with 2 B of policy state per page instead of ~80: RFC 0001, step 5.
 //!
 //! No single policy wins everywhere: LRU is optimal on recency-friendly patterns (a
 //! zigzag, a stack) where S3-FIFO and LIRS lose badly, and S3-FIFO or LIRS win on scans,
@@ -36,11 +38,11 @@ use crate::prehashed::PrehashedMap;
 /// Pages in each miniature simulation when the cache is larger: enough for a stable miss
 /// ratio (Waldspurger et al. found a few hundred to a few thousand sampled pages adequate;
 /// on the shared traces 512 chose as well as 2048 and 8192, and costs least per access).
-const SIM_PAGES: usize = 512;
+pub(super) const SIM_PAGES: usize = 512;
 /// The first epoch is `MIN_EPOCH` sampled accesses; each next one is twice as long, up to
 /// a simulated cache's worth, so an obvious winner takes over early while later decisions
 /// rest on a whole turnover of the cache.
-const MIN_EPOCH: usize = 64;
+pub(super) const MIN_EPOCH: usize = 64;
 /// Weight of the past when scoring: a score is ≈ the misses of the last ten epochs.
 const DECAY: f64 = 0.99;
 /// A challenger leads only if its simulated miss ratio (decayed like the scores) is this
@@ -62,8 +64,9 @@ fn expert(name: &str, capacity: usize) -> Box<dyn Eviction> {
     }
 }
 
-/// A small cache run by one policy on the sampled accesses, to count its misses.
-struct MiniSim {
+/// A small cache run by one policy on the sampled accesses, to count its misses (also
+/// used by `s3fifo_lean.rs`, whose simulations differ in a parameter, not a policy).
+pub(super) struct MiniSim {
     policy: Box<dyn Eviction>,
     slot_of: PrehashedMap<u64, SlotId>,
     hash_of: Vec<u64>,
@@ -75,8 +78,13 @@ struct MiniSim {
 
 impl MiniSim {
     fn new(name: &str, capacity: usize) -> Self {
+        Self::with_policy(expert(name, capacity), capacity)
+    }
+
+    /// A simulated cache of `capacity` pages run by `policy`.
+    pub(super) fn with_policy(policy: Box<dyn Eviction>, capacity: usize) -> Self {
         Self {
-            policy: expert(name, capacity),
+            policy,
             slot_of: PrehashedMap::with_capacity_and_hasher(capacity + 1, Default::default()),
             hash_of: Vec::with_capacity(capacity + 1),
             free: Vec::new(),
@@ -86,7 +94,8 @@ impl MiniSim {
         }
     }
 
-    fn access(&mut self, hash: u64) {
+    /// One sampled access: a hit touches, a miss is counted and inserted.
+    pub(super) fn access(&mut self, hash: u64) {
         if let Some(&id) = self.slot_of.get(&hash) {
             self.policy.touch(id, hash);
             return;
@@ -112,12 +121,25 @@ impl MiniSim {
         self.policy.insert(id, hash);
     }
 
-    fn end_epoch(&mut self) {
+    /// Folds this epoch's misses into the decayed score.
+    pub(super) fn end_epoch(&mut self) {
         self.score = self.score * DECAY + self.epoch_misses as f64;
         self.epoch_misses = 0;
     }
 
-    fn heap_bytes(&self) -> usize {
+    /// Decayed misses so far (lower is better).
+    pub(super) fn score(&self) -> f64 {
+        self.score
+    }
+
+    /// Checks the simulated policy and that its map agrees with it.
+    pub(super) fn validate(&self) {
+        self.policy.validate();
+        assert_eq!(self.policy.len(), self.slot_of.len(), "simulation lost track of its pages");
+        assert!(self.slot_of.len() <= self.capacity, "simulation over its capacity");
+    }
+
+    pub(super) fn heap_bytes(&self) -> usize {
         self.policy.heap_bytes()
             + self.slot_of.capacity() * (std::mem::size_of::<(u64, SlotId)>() + 1)
             + self.hash_of.capacity() * 8
@@ -273,11 +295,7 @@ impl Eviction for Adaptive {
             e.validate();
             assert_eq!(e.len(), len, "expert {} tracks {} pages, not {len}", e.name(), e.len());
         }
-        for s in &self.sims {
-            s.policy.validate();
-            assert_eq!(s.policy.len(), s.slot_of.len(), "simulation lost track of its pages");
-            assert!(s.slot_of.len() <= s.capacity, "simulation over its capacity");
-        }
+        self.sims.iter().for_each(MiniSim::validate);
         assert!(self.leader < self.experts.len());
     }
 }

@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use proptest::prelude::*;
 
 use super::{by_name, Eviction, Lru, S3Fifo, SlotId, WTinyLfu, POLICY_NAMES};
-use super::{Adaptive, Lirs};
+use super::{Adaptive, Lirs, S3FifoLean};
 
 /// How the suite builds a policy for a cache of `capacity` pages.
 trait Build: Eviction + Sized {
@@ -38,6 +38,12 @@ impl Build for WTinyLfu {
 impl Build for Adaptive {
     fn build(capacity: usize) -> Self {
         Adaptive::new(capacity)
+    }
+}
+
+impl Build for S3FifoLean {
+    fn build(capacity: usize) -> Self {
+        S3FifoLean::new(capacity)
     }
 }
 
@@ -291,7 +297,14 @@ macro_rules! conformance_suite {
     )+};
 }
 
-conformance_suite!(lru: Lru, s3fifo: S3Fifo, wtinylfu: WTinyLfu, lirs: Lirs, adaptive: Adaptive);
+conformance_suite!(
+    lru: Lru,
+    s3fifo: S3Fifo,
+    wtinylfu: WTinyLfu,
+    lirs: Lirs,
+    adaptive: Adaptive,
+    s3fifo_lean: S3FifoLean
+);
 
 macro_rules! scan_resistance {
     ($($name:ident: $policy:ty),+ $(,)?) => {$(
@@ -305,7 +318,13 @@ macro_rules! scan_resistance {
 mod scan_resistance {
     use super::*;
 
-    scan_resistance!(s3fifo: S3Fifo, wtinylfu: WTinyLfu, lirs: Lirs, adaptive: Adaptive);
+    scan_resistance!(
+        s3fifo: S3Fifo,
+        wtinylfu: WTinyLfu,
+        lirs: Lirs,
+        adaptive: Adaptive,
+        s3fifo_lean: S3FifoLean
+    );
 }
 
 #[test]

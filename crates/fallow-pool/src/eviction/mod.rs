@@ -69,6 +69,7 @@ mod lirs;
 mod list;
 mod lru;
 mod s3fifo;
+mod s3fifo_lean;
 mod sketch;
 mod wtinylfu;
 
@@ -79,15 +80,16 @@ pub use adaptive::Adaptive;
 pub use lirs::Lirs;
 pub use lru::Lru;
 pub use s3fifo::S3Fifo;
+pub use s3fifo_lean::S3FifoLean;
 pub use wtinylfu::{WTinyLfu, WindowSizing};
 
 /// Every name [`by_name`] accepts.
-pub const POLICY_NAMES: &[&str] = &["adaptive", "lru", "s3fifo", "wtinylfu", "lirs"];
+pub const POLICY_NAMES: &[&str] = &["adaptive", "lru", "s3fifo", "wtinylfu", "lirs", "s3fifo-lean"];
 
-/// The policy a pool uses unless configured otherwise: `adaptive`, which lets miniature
-/// simulations pick among LRU, S3-FIFO and LIRS (see `adaptive.rs` and the
-/// trace results in `BENCHMARKS.md`).
-pub const DEFAULT_POLICY: &str = "adaptive";
+/// The policy a pool uses unless configured otherwise: `s3fifo-lean`, S3-FIFO in 2 bytes
+/// of state per page whose small-queue share (1 %, 10 % or 100 %, i.e. LRU) miniature
+/// simulations choose (see `s3fifo_lean.rs` and the trace results in `BENCHMARKS.md`).
+pub const DEFAULT_POLICY: &str = "s3fifo-lean";
 
 /// Builds the policy called `name` for a cache of `capacity` pages; `None` for an unknown
 /// name.
@@ -98,6 +100,7 @@ pub fn by_name(name: &str, capacity: usize) -> Option<Box<dyn Eviction>> {
         "s3fifo" => Box::new(S3Fifo::new(capacity)),
         "wtinylfu" => Box::new(WTinyLfu::new(capacity)),
         "lirs" => Box::new(Lirs::new(capacity)),
+        "s3fifo-lean" => Box::new(S3FifoLean::new(capacity)),
         _ => return None,
     };
     Some(policy)

@@ -22,11 +22,11 @@ use super::{Eviction, SlotId};
 /// Share of the capacity given to the small queue (the paper's 10 %).
 const SMALL_PERCENT: usize = 10;
 /// Frequencies saturate here (2 bits).
-const MAX_FREQ: u8 = 3;
+pub(super) const MAX_FREQ: u8 = 3;
 /// Hits a page needs while in the small queue to move to main. libCacheSim's current
 /// S3-FIFO uses 2 (the paper's first version used 1); with 2, our miss ratios match its
 /// reference column on the ARC traces, and on the shared traces as a whole it is better.
-const MOVE_TO_MAIN: u8 = 2;
+pub(super) const MOVE_TO_MAIN: u8 = 2;
 
 /// Which queue a slot is on, in the low two bits of its state byte.
 const Q_NONE: u8 = 0;

@@ -1,0 +1,579 @@
+//! `s3fifo-lean`: S3-FIFO in two bytes of policy state per page, its small-queue share
+//! chosen by miniature simulations.
+//!
+//! ```text
+//!  insert ─┬─ missed within the last ~0.9 × capacity misses (ghost filter)? ─► main
+//!          └─ else ─► small LRU (share: 1 %, 10 % or 100 %)
+//!                        │ front, ≥ 2 hits ─► main FIFO (the rest) ◄─┐ front: freq > 0,
+//!                        │ front, fewer ─► evicted                    ┘ freq -= 1; else evicted
+//!
+//!  sampled accesses ─► minisims[1 %, 10 %, 100 %] (own pages, capacity × rate)
+//!                       └─ every epoch: the live small share := that of the fewest misses
+//! ```
+//!
+//! The algorithm is [`super::S3Fifo`]'s (Yang et al., SOSP'23: a small probationary queue
+//! for new pages, a main queue with a 2-bit frequency as second chance, a ghost that sends
+//! a page missed again soon straight to main), with three changes:
+//!
+//! * **The small queue is LRU** (a hit moves the page to its back) instead of FIFO, so that
+//!   at a share of 100 % the policy *is* LRU: with the whole cache as small queue nothing is
+//!   promoted and the ghost is not consulted.
+//! * **The share is chosen by miniature simulations** (Waldspurger et al., "Cache Modeling
+//!   and Optimization using Miniature Simulations", USENIX ATC'17; Caffeine's simulator
+//!   sizes W-TinyLFU's window the same way in its `MiniSimClimber`, by Ohad Eytan, one of
+//!   the authors of "Adaptive Software Cache Management", Middleware'18):
+//!   three simulated caches of at most [`SIM_PAGES`] pages run this policy with a fixed
+//!   share of 1 %, 10 % (the paper's) and 100 % (LRU), one decade apart, on a hash-sampled
+//!   share of the accesses; at the end of every epoch the live share becomes that of the
+//!   simulation with the fewest (decayed) misses. The live policy starts at 10 %. Changing
+//!   the share reshapes nothing at once: the queues drift to their new targets as pages
+//!   leave, so unlike `adaptive`'s change of expert there is no turnover to pay and no
+//!   margin is needed against flapping.
+//! * **The ghost is a filter of recent misses, not of evictions.** `pop_victim` is not
+//!   given hashes, and keeping one per page to feed the ghost on eviction would cost 4–8
+//!   bytes. So the ghost remembers the hash of every *inserted* page (the engine inserts
+//!   on a miss), in a pair of blocked Bloom filters that each cover half the ghost's
+//!   length (`0.9 × capacity` insertions, the paper's ghost size) and are cleared in turn:
+//!   a page missed again within the last 0.45–0.9 × capacity misses goes to main. In
+//!   S3-FIFO terms, a page that went through small and left (the common case) is a ghost
+//!   as before; what differs is that pages promoted and later evicted from main also
+//!   count, and that a false positive (~4 %) admits a page to main early.
+//!
+//! Bytes per page, counted as Caffeine counts its nodes: the queue links (two `u32`, 8 B)
+//! are what the engine's index slot would hold; beyond them the policy keeps **2 B**: one
+//! state byte per slot (queue: 2 bits, frequency: 2 bits; four bits spare) and the ghost
+//! filter, 1 byte per page of capacity. On top, per policy instance (per shard), the three
+//! simulations: at most 3 × 512 simulated pages with their links, state, filters and key
+//! maps, ≈ 120 KiB whatever the capacity (≈ 15 B per page for the 8192-page shards of a
+//! 256 MiB pool in 8 shards, less for larger shards). `heap_bytes` reports all of it: a
+//! full 8192-page instance reports 201 KB, 24.5 B per page.
+
+use super::adaptive::{MiniSim, MIN_EPOCH, SIM_PAGES};
+use super::list::{Links, List};
+use super::s3fifo::{MAX_FREQ, MOVE_TO_MAIN};
+use super::{Eviction, SlotId};
+
+/// Small-queue shares the simulations compare, one decade apart around the paper's 10 %;
+/// 100 % is LRU.
+const SHARES: [f64; 3] = [0.01, 0.10, 1.0];
+/// The live policy starts with the paper's share.
+const INITIAL_CHOICE: usize = 1;
+/// The ghost remembers this share of the capacity in insertions (the paper sizes the ghost
+/// like the main queue, 90 %).
+const GHOST_SHARE: f64 = 0.9;
+
+/// Queue of a slot, in the low two bits of its state byte.
+const Q_NONE: u8 = 0;
+const Q_SMALL: u8 = 1;
+const Q_MAIN: u8 = 2;
+const Q_MASK: u8 = 0b11;
+/// The 2-bit frequency sits above the queue bits.
+const FREQ_SHIFT: u32 = 2;
+
+/// Generations of the ghost filter: the newest takes insertions; when it has taken half
+/// the ghost's length, the older one is cleared and takes the next (a rotating pair, the
+/// usual way to age a Bloom filter). More generations age more smoothly but are all
+/// probed, and their false positives add up: with four, ~8 %, which admitted enough
+/// scanned pages to main to lose on the loop and scan traces.
+const GENERATIONS: usize = 2;
+/// Filter bits per page of capacity, over all generations: 1 byte.
+const FILTER_BITS_PER_PAGE: usize = 8;
+/// Bits set per key in its 64-bit block: optimal for the ~9 bits per remembered key that
+/// the byte per page gives (`ln 2 × 8.9 ≈ 6`); ~2.5 % false positives per generation.
+const BITS_PER_KEY: u32 = 6;
+
+/// The hashes of the last `len` insertions, approximately: a ring of blocked Bloom filters.
+/// A key is one 64-bit block per generation with [`BITS_PER_KEY`] bits set, so a lookup
+/// reads one word per generation. No false negatives for the newest `len / 2` keys; keys
+/// older than `len` insertions are forgotten.
+#[derive(Debug, Default)]
+struct RecentFilter {
+    /// `GENERATIONS` filters of `words` words each, back to back.
+    bits: Vec<u64>,
+    words: usize,
+    /// The generation taking insertions.
+    newest: usize,
+    /// Insertions into the newest generation so far, and per generation at most.
+    count: usize,
+    span: usize,
+}
+
+impl RecentFilter {
+    /// Sizes the filter to remember about `len` insertions in `FILTER_BITS_PER_PAGE ×
+    /// capacity` bits. A new size starts empty (a budget change, not a hot path).
+    fn set_capacity(&mut self, capacity: usize, len: usize) {
+        let words = (capacity * FILTER_BITS_PER_PAGE).div_ceil(64 * GENERATIONS).max(1);
+        if words != self.words {
+            self.words = words;
+            self.bits = vec![0; words * GENERATIONS];
+            self.newest = 0;
+            self.count = 0;
+        }
+        // The newest generation fills while the older one (half of `len`) answers too.
+        self.span = len.div_ceil(GENERATIONS).max(1);
+        self.count = self.count.min(self.span);
+    }
+
+    /// The block index and the bit mask of `hash` (remixed: independent of the bits that
+    /// chose the shard and the simulations' sample).
+    fn locate(&self, hash: u64) -> (usize, u64) {
+        let h = hash.wrapping_mul(0xd6e8_feb8_6659_fd93);
+        let block = ((u128::from(h) * self.words as u128) >> 64) as usize;
+        let mut mask = 0u64;
+        let mut bits = hash.rotate_left(21).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        for _ in 0..BITS_PER_KEY {
+            mask |= 1 << (bits & 63);
+            bits >>= 6;
+        }
+        (block, mask)
+    }
+
+    fn insert(&mut self, hash: u64) {
+        if self.count >= self.span {
+            // Age: the oldest generation is cleared and takes the next insertions.
+            self.newest = (self.newest + 1) % GENERATIONS;
+            let start = self.newest * self.words;
+            self.bits[start..start + self.words].iter_mut().for_each(|w| *w = 0);
+            self.count = 0;
+        }
+        let (block, mask) = self.locate(hash);
+        self.bits[self.newest * self.words + block] |= mask;
+        self.count += 1;
+    }
+
+    fn contains(&self, hash: u64) -> bool {
+        let (block, mask) = self.locate(hash);
+        (0..GENERATIONS).any(|g| self.bits[g * self.words + block] & mask == mask)
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.bits.capacity() * 8
+    }
+
+    fn validate(&self) {
+        assert_eq!(self.bits.len(), self.words * GENERATIONS, "ghost filter size drifted");
+        assert!(self.newest < GENERATIONS && self.count <= self.span, "ghost filter ring");
+    }
+}
+
+/// S3-FIFO with an LRU small queue of a fixed share: the live policy's core, and the
+/// policy each miniature simulation runs.
+#[derive(Debug)]
+struct FixedShare {
+    links: Links,
+    /// Per slot: queue (bits 0–1) and frequency (bits 2–3).
+    state: Vec<u8>,
+    small: List,
+    main: List,
+    ghost: RecentFilter,
+    capacity: usize,
+    share: f64,
+    small_target: usize,
+}
+
+impl FixedShare {
+    fn new(capacity: usize, share: f64) -> Self {
+        let mut s = Self {
+            links: Links::default(),
+            state: Vec::new(),
+            small: List::default(),
+            main: List::default(),
+            ghost: RecentFilter::default(),
+            capacity: 0,
+            share,
+            small_target: 1,
+        };
+        s.set_capacity(capacity);
+        s
+    }
+
+    fn set_share(&mut self, share: f64) {
+        self.share = share;
+        self.small_target =
+            ((self.capacity as f64 * share).round() as usize).clamp(1, self.capacity);
+    }
+
+    /// True when the small queue is the whole cache: plain LRU.
+    fn lru_only(&self) -> bool {
+        self.small_target >= self.capacity
+    }
+
+    fn queue(&self, id: SlotId) -> u8 {
+        self.state.get(id as usize).map_or(Q_NONE, |s| s & Q_MASK)
+    }
+
+    fn freq(&self, id: SlotId) -> u8 {
+        self.state[id as usize] >> FREQ_SHIFT
+    }
+
+    fn set(&mut self, id: SlotId, queue: u8, freq: u8) {
+        self.state[id as usize] = queue | (freq << FREQ_SHIFT);
+    }
+
+    /// Takes the small queue's (least recently used) front: promotes it if it was hit
+    /// enough, else evicts it.
+    fn evict_small(&mut self) -> Option<SlotId> {
+        let id = self.small.pop_front(&mut self.links)?;
+        if !self.lru_only() && self.freq(id) >= MOVE_TO_MAIN {
+            self.main.push_back(&mut self.links, id);
+            self.set(id, Q_MAIN, 0);
+            None
+        } else {
+            self.set(id, Q_NONE, 0);
+            Some(id)
+        }
+    }
+
+    /// Takes the main queue's front: re-inserts it with one frequency less if it was hit,
+    /// else evicts it.
+    fn evict_main(&mut self) -> Option<SlotId> {
+        let id = self.main.pop_front(&mut self.links)?;
+        let freq = self.freq(id);
+        if freq > 0 {
+            self.main.push_back(&mut self.links, id);
+            self.set(id, Q_MAIN, freq - 1);
+            None
+        } else {
+            self.set(id, Q_NONE, 0);
+            Some(id)
+        }
+    }
+}
+
+impl Eviction for FixedShare {
+    fn name(&self) -> &'static str {
+        "s3fifo-lean"
+    }
+
+    fn set_capacity(&mut self, pages: usize) {
+        self.capacity = pages.max(1);
+        let ghost = ((self.capacity as f64 * GHOST_SHARE) as usize).max(1);
+        self.ghost.set_capacity(self.capacity, ghost);
+        self.set_share(self.share);
+    }
+
+    fn insert(&mut self, id: SlotId, hash: u64) {
+        self.links.ensure(id);
+        if self.state.len() <= id as usize {
+            self.state.resize(id as usize + 1, Q_NONE);
+        }
+        debug_assert_eq!(self.queue(id), Q_NONE, "slot {id} is already tracked");
+        let missed_recently = self.ghost.contains(hash);
+        self.ghost.insert(hash);
+        // As `S3Fifo::insert` (libCacheSim): while the cache still has room and the small
+        // queue is full, new pages go straight to main.
+        let room = self.len() < self.capacity && self.small.len() >= self.small_target;
+        if !self.lru_only() && (missed_recently || room) {
+            self.main.push_back(&mut self.links, id);
+            self.set(id, Q_MAIN, 0);
+        } else {
+            self.small.push_back(&mut self.links, id);
+            self.set(id, Q_SMALL, 0);
+        }
+    }
+
+    fn touch(&mut self, id: SlotId, _hash: u64) {
+        let queue = self.queue(id);
+        debug_assert_ne!(queue, Q_NONE, "slot {id} is not tracked");
+        let freq = (self.freq(id) + 1).min(MAX_FREQ);
+        self.set(id, queue, freq);
+        if queue == Q_SMALL {
+            self.small.move_to_back(&mut self.links, id);
+        }
+    }
+
+    fn remove(&mut self, id: SlotId) {
+        match self.queue(id) {
+            Q_SMALL => self.small.unlink(&mut self.links, id),
+            Q_MAIN => self.main.unlink(&mut self.links, id),
+            q => debug_assert!(false, "slot {id} is not tracked (queue {q})"),
+        }
+        self.set(id, Q_NONE, 0);
+    }
+
+    fn pop_victim(&mut self) -> Option<SlotId> {
+        // As `S3Fifo::pop_victim`: each pass evicts, or moves a page that spends a hit
+        // (promotion clears the frequency, re-insertion lowers it): amortized O(1). After
+        // the share grew, small is under its target and main drains first.
+        loop {
+            if self.small.is_empty() && self.main.is_empty() {
+                return None;
+            }
+            let victim = if self.small.len() >= self.small_target || self.main.is_empty() {
+                self.evict_small()
+            } else {
+                self.evict_main()
+            };
+            if victim.is_some() {
+                return victim;
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.small.len() + self.main.len()
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.links.heap_bytes() + self.state.capacity() + self.ghost.heap_bytes()
+    }
+
+    fn validate(&self) {
+        for (list, queue) in [(&self.small, Q_SMALL), (&self.main, Q_MAIN)] {
+            list.validate(&self.links, |id| {
+                assert_eq!(self.queue(id), queue, "slot {id} is on the wrong queue");
+                assert!(self.freq(id) <= MAX_FREQ);
+            });
+        }
+        let tracked = self.state.iter().filter(|s| *s & Q_MASK != Q_NONE).count();
+        assert_eq!(tracked, self.len(), "state bytes disagree with the queues");
+        assert!(self.small_target >= 1 && self.small_target <= self.capacity);
+        self.ghost.validate();
+    }
+}
+
+/// S3-FIFO with 2 bytes of state per page, its small-queue share chosen by miniature
+/// simulations.
+pub struct S3FifoLean {
+    live: FixedShare,
+    sims: Vec<MiniSim>,
+    /// Index into [`SHARES`] of the live share.
+    choice: usize,
+    capacity: usize,
+    /// A key hash is sampled when its remixed high 32 bits are below this.
+    threshold: u64,
+    epoch_len: usize,
+    max_epoch_len: usize,
+    epoch_accesses: usize,
+}
+
+impl S3FifoLean {
+    /// A lean S3-FIFO for a cache of `capacity` pages.
+    pub fn new(capacity: usize) -> Self {
+        let capacity = capacity.max(1);
+        let mut policy = Self {
+            live: FixedShare::new(capacity, SHARES[INITIAL_CHOICE]),
+            sims: Vec::new(),
+            choice: INITIAL_CHOICE,
+            capacity,
+            threshold: 0,
+            epoch_len: 0,
+            max_epoch_len: 0,
+            epoch_accesses: 0,
+        };
+        policy.reset_sims();
+        policy
+    }
+
+    /// The small queue's live share of the capacity (1.0: plain LRU).
+    pub fn small_share(&self) -> f64 {
+        SHARES[self.choice]
+    }
+
+    fn reset_sims(&mut self) {
+        // As `Adaptive::reset_sims`: every key is sampled for small caches, else
+        // SIM_PAGES / capacity of them, and each simulation has that share of the pages.
+        let rate = (SIM_PAGES as f64 / self.capacity as f64).min(1.0);
+        self.threshold = (rate * (1u64 << 32) as f64) as u64;
+        let sim_capacity = ((self.capacity as f64 * rate).round() as usize).max(1);
+        self.sims = SHARES
+            .iter()
+            .map(|&share| {
+                MiniSim::with_policy(Box::new(FixedShare::new(sim_capacity, share)), sim_capacity)
+            })
+            .collect();
+        self.epoch_len = MIN_EPOCH;
+        self.max_epoch_len = sim_capacity.max(MIN_EPOCH);
+        self.epoch_accesses = 0;
+    }
+
+    fn observe(&mut self, hash: u64) {
+        // The same remix and sample as `adaptive`'s simulations.
+        if (hash.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) >= self.threshold {
+            return;
+        }
+        self.sims.iter_mut().for_each(|s| s.access(hash));
+        self.epoch_accesses += 1;
+        if self.epoch_accesses < self.epoch_len {
+            return;
+        }
+        self.epoch_accesses = 0;
+        self.sims.iter_mut().for_each(MiniSim::end_epoch);
+        self.epoch_len = (self.epoch_len * 2).min(self.max_epoch_len);
+        let best = (0..self.sims.len())
+            .min_by(|&a, &b| self.sims[a].score().total_cmp(&self.sims[b].score()))
+            .unwrap_or(self.choice);
+        if self.sims[best].score() < self.sims[self.choice].score() {
+            self.choice = best;
+            self.live.set_share(SHARES[best]);
+        }
+    }
+}
+
+impl Eviction for S3FifoLean {
+    fn name(&self) -> &'static str {
+        "s3fifo-lean"
+    }
+
+    fn set_capacity(&mut self, pages: usize) {
+        let pages = pages.max(1);
+        self.live.set_capacity(pages);
+        if pages != self.capacity {
+            self.capacity = pages;
+            self.reset_sims();
+        }
+    }
+
+    fn insert(&mut self, id: SlotId, hash: u64) {
+        self.live.insert(id, hash);
+        self.observe(hash);
+    }
+
+    fn touch(&mut self, id: SlotId, hash: u64) {
+        self.live.touch(id, hash);
+        self.observe(hash);
+    }
+
+    fn remove(&mut self, id: SlotId) {
+        self.live.remove(id);
+    }
+
+    fn pop_victim(&mut self) -> Option<SlotId> {
+        self.live.pop_victim()
+    }
+
+    fn len(&self) -> usize {
+        self.live.len()
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.live.heap_bytes() + self.sims.iter().map(MiniSim::heap_bytes).sum::<usize>()
+    }
+
+    fn validate(&self) {
+        self.live.validate();
+        self.sims.iter().for_each(MiniSim::validate);
+        assert!(self.choice < SHARES.len());
+        assert_eq!(self.live.share, SHARES[self.choice], "live share is not the chosen one");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hash(key: u64) -> u64 {
+        xxhash_rust::xxh3::xxh3_64(&key.to_le_bytes())
+    }
+
+    /// Replays `keys` on a cache of `capacity` pages run by `policy` (the replay is
+    /// `MiniSim`'s: a hit touches, a miss is counted and inserted); returns the miss ratio.
+    fn miss_ratio(policy: S3FifoLean, keys: &[u64], capacity: usize) -> f64 {
+        let mut sim = MiniSim::with_policy(Box::new(policy), capacity);
+        keys.iter().for_each(|&k| sim.access(hash(k)));
+        sim.validate();
+        sim.end_epoch();
+        sim.score() / keys.len() as f64
+    }
+
+    fn zigzag(pages: u64, rounds: u64) -> Vec<u64> {
+        (0..rounds)
+            .flat_map(|r| {
+                let up: Vec<u64> = (0..pages).collect();
+                if r % 2 == 0 {
+                    up
+                } else {
+                    up.into_iter().rev().collect()
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_zigzag_makes_the_small_queue_the_whole_cache() {
+        // Up and down over 300 pages with a 100-page cache: only recency helps. LRU hits
+        // the first 100 pages of every sweep after the first: a miss ratio of ~0.68.
+        let mut p = S3FifoLean::new(100);
+        let keys = zigzag(300, 40);
+        let mut slot_of = std::collections::HashMap::new();
+        let mut key_of = Vec::new();
+        let mut misses = 0usize;
+        for &key in &keys {
+            if let Some(&id) = slot_of.get(&key) {
+                p.touch(id, hash(key));
+                continue;
+            }
+            misses += 1;
+            let id = if slot_of.len() >= 100 {
+                let victim = p.pop_victim().expect("a full cache has a victim");
+                slot_of.remove(&key_of[victim as usize]);
+                key_of[victim as usize] = key;
+                victim
+            } else {
+                key_of.push(key);
+                (key_of.len() - 1) as SlotId
+            };
+            slot_of.insert(key, id);
+            p.insert(id, hash(key));
+        }
+        p.validate();
+        assert_eq!(p.small_share(), 1.0, "the LRU simulation should lead");
+        let ratio = misses as f64 / keys.len() as f64;
+        assert!(ratio < 0.70, "miss ratio {ratio}");
+    }
+
+    #[test]
+    fn a_loop_larger_than_the_cache_mostly_hits() {
+        // A 150-page loop on a 100-page cache: LRU misses every access; S3-FIFO keeps most
+        // of its main queue.
+        let keys: Vec<u64> = (0..60).flat_map(|_| 0..150u64).collect();
+        let ratio = miss_ratio(S3FifoLean::new(100), &keys, 100);
+        assert!(ratio < 0.6, "miss ratio {ratio}");
+    }
+
+    #[test]
+    fn at_full_share_it_is_lru() {
+        // Fixed at 100 %, the victim is always the least recently used page.
+        let mut p = FixedShare::new(8, 1.0);
+        for id in 0..8 {
+            p.insert(id, hash(u64::from(id)));
+        }
+        p.touch(0, hash(0));
+        p.touch(3, hash(3));
+        let order: Vec<SlotId> = std::iter::from_fn(|| p.pop_victim()).collect();
+        assert_eq!(order, [1, 2, 4, 5, 6, 7, 0, 3]);
+    }
+
+    #[test]
+    fn the_ghost_filter_remembers_recent_insertions_and_forgets_old_ones() {
+        let mut f = RecentFilter::default();
+        f.set_capacity(1000, 900);
+        for key in 0..900 {
+            f.insert(hash(key));
+        }
+        // The newest half is certainly remembered.
+        assert!((450..900).all(|k| f.contains(hash(k))), "a recent key was forgotten");
+        // Keys never inserted: false positives stay rare (1 byte per page of capacity).
+        let false_positives = (1_000_000..1_010_000).filter(|&k| f.contains(hash(k))).count();
+        assert!(false_positives < 600, "{false_positives} false positives in 10000");
+        // After another 900 insertions, the first keys are gone but for false positives.
+        for key in 10_000..10_900 {
+            f.insert(hash(key));
+        }
+        let remembered = (0..450).filter(|&k| f.contains(hash(k))).count();
+        assert!(remembered < 40, "{remembered} of 450 old keys still remembered");
+        f.validate();
+    }
+
+    #[test]
+    fn state_is_two_bytes_per_page_beyond_the_links() {
+        // Links (8 B per slot) would live in the index entry; the rest is 1 state byte per
+        // slot and 1 filter byte per page of capacity.
+        let mut p = FixedShare::new(4096, 0.1);
+        for id in 0..4096 {
+            p.insert(id, hash(u64::from(id)));
+        }
+        let beyond_links = p.heap_bytes() - p.links.heap_bytes();
+        assert!(beyond_links <= 2 * 4096 + 64, "{beyond_links} B for 4096 pages");
+    }
+}
