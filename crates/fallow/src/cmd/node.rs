@@ -51,7 +51,8 @@ pub struct NodeArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
-    /// Eviction policy for ephemeral pages: adaptive, lru, s3fifo, wtinylfu, lirs [default: adaptive].
+    /// Eviction policy for ephemeral pages: s3fifo-lean, adaptive, lru, s3fifo, wtinylfu, lirs
+    /// [default: s3fifo-lean].
     #[arg(long, value_name = "NAME")]
     policy: Option<String>,
     /// Seconds a client's pools outlive its last connection [default: 300].
