@@ -126,7 +126,7 @@ impl Client {
         loop {
             attempts -= 1;
             let result = match self.conn().await {
-                Ok(conn) => conn.call(request, self.inner.config.timeout).await,
+                Ok(conn) => conn.call(request, timeout_for(&self.inner.config, op)).await,
                 Err(err) => Err(err),
             };
             match result {
@@ -338,6 +338,15 @@ impl Client {
     }
 }
 
+/// How long a request of `op` may wait for its reply: slow requests (a whole pool or
+/// object walked on the node) get `slow_timeout`, never less than `timeout`.
+fn timeout_for(config: &ClientConfig, op: Op) -> Duration {
+    match op.is_slow() {
+        true => config.slow_timeout.max(config.timeout),
+        false => config.timeout,
+    }
+}
+
 /// Splits `keys` into runs of one pool, at most `max` long, in order.
 pub(crate) fn runs(
     keys: &[PageKey],
@@ -419,6 +428,25 @@ impl fallow_core::AsyncPageStore for Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression (issue #5, cluster benchmarks): destroying a pool of a few hundred
+    /// thousand pages took longer than the cluster client's 250 ms request timeout, so the
+    /// client took three healthy nodes for dead.
+    #[test]
+    fn slow_requests_wait_for_the_slow_timeout() {
+        let config = ClientConfig::new("127.0.0.1:1", b"0123456789abcdef".to_vec())
+            .unwrap()
+            .timeout(Duration::from_millis(250))
+            .slow_timeout(Duration::from_secs(5));
+        for op in [Op::DestroyPool, Op::InvalidatePool, Op::InvalidateObject, Op::Stats] {
+            assert_eq!(timeout_for(&config, op), Duration::from_secs(5), "{op:?}");
+        }
+        for op in [Op::Get, Op::Put, Op::Take, Op::InvalidatePages, Op::Ping] {
+            assert_eq!(timeout_for(&config, op), Duration::from_millis(250), "{op:?}");
+        }
+        let config = config.slow_timeout(Duration::from_millis(1));
+        assert_eq!(timeout_for(&config, Op::Stats), Duration::from_millis(250));
+    }
 
     #[test]
     fn runs_split_by_pool_and_size() {

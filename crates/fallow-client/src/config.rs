@@ -62,6 +62,10 @@ pub struct ClientConfig {
     pub timeout: Duration,
     /// How long connecting and the handshake may take.
     pub connect_timeout: Duration,
+    /// How long a request the node runs in the background may wait for its reply
+    /// (`Op::is_slow`: destroying or invalidating a pool or object walks every page of it,
+    /// which takes far longer than a page request). At least `timeout`.
+    pub slow_timeout: Duration,
     /// What to do when a reconnection finds a restarted node (another node id).
     pub on_restart: NodeRestart,
 }
@@ -90,6 +94,7 @@ impl fmt::Debug for ClientConfig {
             .field("connections", &self.connections)
             .field("timeout", &self.timeout)
             .field("connect_timeout", &self.connect_timeout)
+            .field("slow_timeout", &self.slow_timeout)
             .field("on_restart", &self.on_restart)
             .finish_non_exhaustive()
     }
@@ -98,7 +103,7 @@ impl fmt::Debug for ClientConfig {
 impl ClientConfig {
     /// A config for the node at `addr` (`HOST:PORT`, `fallow://HOST:PORT` or `unix:PATH`)
     /// with the defaults: a random client id, one connection, 5 s request and connect
-    /// timeouts.
+    /// timeouts, 60 s for slow requests.
     pub fn new(addr: &str, secret: impl Into<Vec<u8>>) -> Result<Self, ClientError> {
         Ok(Self {
             endpoint: Endpoint::parse(addr)?,
@@ -108,6 +113,7 @@ impl ClientConfig {
             connections: 1,
             timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
+            slow_timeout: Duration::from_secs(60),
             on_restart: NodeRestart::Reconnect,
         })
     }
@@ -127,6 +133,13 @@ impl ClientConfig {
     /// Sets the connect and handshake timeout.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
+        self
+    }
+
+    /// Sets the timeout of slow requests (pool and object invalidations, destroy, stats,
+    /// content summaries).
+    pub fn slow_timeout(mut self, timeout: Duration) -> Self {
+        self.slow_timeout = timeout;
         self
     }
 

@@ -27,6 +27,11 @@ pub struct ClusterClientConfig {
     pub timeout: Duration,
     /// How long connecting to a node (and the handshake) may take.
     pub connect_timeout: Duration,
+    /// How long a slow request to one node may take: destroying or invalidating a pool or
+    /// object walks every page of it there (hundreds of milliseconds for a few hundred
+    /// thousand pages), which must not read as a dead node. A pool's destruction holds up
+    /// the membership refresh while it waits, so this is seconds, not minutes.
+    pub slow_timeout: Duration,
     /// How often the members are asked again (and unreachable nodes pinged). A failed
     /// request also triggers a refresh at once.
     pub refresh_interval: Duration,
@@ -49,6 +54,7 @@ impl fmt::Debug for ClusterClientConfig {
             .field("connections", &self.connections)
             .field("timeout", &self.timeout)
             .field("connect_timeout", &self.connect_timeout)
+            .field("slow_timeout", &self.slow_timeout)
             .field("refresh_interval", &self.refresh_interval)
             .field("repair_after", &self.repair_after)
             .field("dedup_refresh", &self.dedup_refresh)
@@ -59,7 +65,7 @@ impl fmt::Debug for ClusterClientConfig {
 impl ClusterClientConfig {
     /// A config for the cluster reached through `seeds`: `A,B,C` or `fallow://A,B,C`, each
     /// `HOST:PORT` or `unix:PATH`. Defaults: a random client id, one connection per node,
-    /// 250 ms request and connect timeouts, members asked every 250 ms, copies on a node
+    /// 250 ms request and connect timeouts (5 s for slow requests), members asked every 250 ms, copies on a node
     /// unreachable for 5 s re-created elsewhere, content summaries fetched every 10 s.
     pub fn new(seeds: &str, secret: impl Into<Vec<u8>>) -> Result<Self, ClientError> {
         let list = seeds.strip_prefix("fallow://").unwrap_or(seeds);
@@ -72,6 +78,7 @@ impl ClusterClientConfig {
             connections: 1,
             timeout: Duration::from_millis(250),
             connect_timeout: Duration::from_millis(250),
+            slow_timeout: Duration::from_secs(5),
             refresh_interval: Duration::from_millis(250),
             repair_after: Duration::from_secs(5),
             dedup_refresh: Some(Duration::from_secs(10)),
@@ -139,6 +146,7 @@ impl ClusterClientConfig {
             connections: self.connections,
             timeout: self.timeout,
             connect_timeout: self.connect_timeout,
+            slow_timeout: self.slow_timeout,
             on_restart: NodeRestart::Refuse,
         }
     }

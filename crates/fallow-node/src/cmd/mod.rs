@@ -20,14 +20,7 @@ use crate::node::Node;
 /// counter): they run on a blocking thread so that page requests pipelined behind them
 /// are answered first. That is where replies leave out of order.
 pub(crate) fn is_slow(request: &Request) -> bool {
-    matches!(
-        request,
-        Request::InvalidatePool(_)
-            | Request::InvalidateObject { .. }
-            | Request::DestroyPool(_)
-            | Request::Stats
-            | Request::ContentSummary { .. }
-    )
+    request.op().is_slow()
 }
 
 /// Executes an authenticated request and appends its reply to `out`. Returns the status

@@ -61,6 +61,21 @@ impl Op {
         Op::ALL.into_iter().find(|op| *op as u8 == code)
     }
 
+    /// True for the ops a node runs in the background because they may take long (they
+    /// walk a whole pool or object, every counter or every stored content): the "slow"
+    /// column of `docs/protocol.md` §4. Their replies may overtake, and be overtaken by,
+    /// page requests sent later, and clients give them a longer timeout.
+    pub fn is_slow(self) -> bool {
+        matches!(
+            self,
+            Op::DestroyPool
+                | Op::InvalidatePool
+                | Op::InvalidateObject
+                | Op::Stats
+                | Op::ContentSummary
+        )
+    }
+
     /// A lower-case name for logs and metrics labels.
     pub fn name(self) -> &'static str {
         match self {
