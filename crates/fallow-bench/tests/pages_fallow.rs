@@ -100,3 +100,37 @@ fn a_wrong_secret_is_a_clear_error() {
     assert!(matches!(err, PagesError::Fallow(_)), "{err:?}");
     assert!(err.to_string().contains("secret"), "{err}");
 }
+
+/// Two nodes outside any gossip cluster: the cluster client takes the seeds as the
+/// cluster. Pages spread over both, every get hits, the report carries the client's view,
+/// and a rate bounds the requests.
+#[test]
+fn a_cluster_target_spreads_pages_and_reports_the_client() {
+    let (a, b) = (TestNode::start(), TestNode::start());
+    let mut opts = a.options();
+    opts.target = format!("fallow://{},{}", a.addr, b.addr).parse().unwrap();
+    assert!(matches!(opts.target, Target::Cluster { .. }));
+    opts.warmup = true;
+    opts.queue_depth = 2;
+    opts.batch = 4;
+    opts.rate = Some(200.0);
+    let r = pages::run(&opts, |_| {}).unwrap();
+    assert_eq!(r.server, "fallow-cluster");
+    assert_eq!((r.misses, r.wrong, r.errors), (0, 0, 0), "{r}");
+    assert!(r.hits > 0, "{r}");
+    // 200 requests/s for 0.8 s: about 160, and never the thousands an unpaced loop sends.
+    assert!(r.requests >= 40 && r.requests <= 200, "{} requests at 200/s in 0.8 s", r.requests);
+    let cluster = r.cluster.as_ref().expect("a cluster report");
+    let warm = cluster.after_warmup.as_ref().expect("a snapshot after the warm-up");
+    assert_eq!(warm.summary_pages, 2_000, "every page put is in the summary");
+    assert!(warm.summary_heap_bytes > 0);
+    assert_eq!(cluster.connected.summary_pages, 0);
+    assert_eq!(cluster.end.nodes.len(), 2);
+    for node in &cluster.end.nodes {
+        assert_eq!(node.state, "alive");
+        assert!(node.pages > 300, "pages spread over both nodes: {:?}", cluster.end.nodes);
+    }
+    let alive: Vec<_> = cluster.events.iter().filter(|e| e.state == "alive").collect();
+    assert_eq!(alive.len(), 2, "{:?}", cluster.events);
+    assert!(r.rss.connected.is_some() == cfg!(target_os = "linux"));
+}

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use tokio::task::JoinSet;
 
-use super::report::{PagesReport, Stats};
+use super::cluster::{ClusterReport, ClusterSnapshot};
+use super::report::{rss_bytes, PagesReport, Rss, Stats};
 use super::workload::RequestGen;
 use super::{fallow, memcached, KeyGen, PagesError, PagesOptions, Target};
 
@@ -68,17 +69,28 @@ async fn run_on_runtime(
 ) -> Result<PagesReport, PagesError> {
     let keys = KeyGen::new(opts.keys, opts.dist).map_err(PagesError::Options)?;
     let mut conns = connect(opts).await?;
+    let connected = snapshot(&conns);
+    let mut rss = Rss { connected: rss_bytes(), ..Rss::default() };
     let mut warmup = (0, Duration::ZERO);
+    let mut after_warmup = None;
     if opts.warmup {
+        let fill = |i, n| fill_plan(opts, i, n);
         let (back, stats, took) =
-            phase(conns, Phase::Warmup, None, false, on_tick, |i, n| fill_plan(opts, i, n)).await?;
+            phase(conns, Phase::Warmup, None, false, None, on_tick, fill).await?;
         conns = back;
         warmup = (stats.pages, took);
+        after_warmup = snapshot(&conns);
+        rss.after_warmup = rss_bytes();
     }
+    // The rate is shared by every loop of every connection (fallow: one per request in
+    // flight).
+    let every = opts
+        .rate
+        .map(|rate| Duration::from_secs_f64((opts.connections * opts.queue_depth) as f64 / rate));
     let plan = |i: usize, _: usize| {
         let gens = match opts.target {
             Target::Memcached { .. } => 1,
-            Target::Fallow { .. } => opts.queue_depth,
+            Target::Fallow { .. } | Target::Cluster { .. } => opts.queue_depth,
         };
         let gens = (0..gens)
             .map(|g| {
@@ -88,13 +100,30 @@ async fn run_on_runtime(
             .collect();
         (gens, opts.queue_depth)
     };
+    let duration = Some(opts.duration);
     let (conns, stats, took) =
-        phase(conns, Phase::Measure, Some(opts.duration), opts.timeline, on_tick, plan).await?;
+        phase(conns, Phase::Measure, duration, opts.timeline, every, on_tick, plan).await?;
+    let end = snapshot(&conns);
+    rss.end = rss_bytes();
+    let mut report = report(opts, &stats, took, warmup);
+    report.rss = rss;
     // Every fallow handle shares one client and pool: finishing one finishes the run.
     if let Some(Conn::Fallow(c)) = conns.first() {
+        if let (Some(connected), Some(end)) = (connected, end) {
+            let events = c.events();
+            report.cluster = Some(ClusterReport { connected, after_warmup, end, events });
+        }
         c.finish().await;
     }
-    Ok(report(opts, &stats, took, warmup))
+    Ok(report)
+}
+
+/// The cluster client's state, for a cluster target.
+fn snapshot(conns: &[Conn]) -> Option<ClusterSnapshot> {
+    match conns.first() {
+        Some(Conn::Fallow(c)) => c.snapshot(),
+        _ => None,
+    }
 }
 
 /// The warm-up plan of connection `i` of `n`: its share of the key space, put once.
@@ -103,7 +132,7 @@ fn fill_plan(opts: &PagesOptions, i: usize, n: usize) -> (Vec<RequestGen>, usize
     // request in flight.
     let slots = match opts.target {
         Target::Memcached { .. } => 1,
-        Target::Fallow { .. } => WARMUP_QUEUE_DEPTH,
+        Target::Fallow { .. } | Target::Cluster { .. } => WARMUP_QUEUE_DEPTH,
     };
     let parts = (n * slots) as u128;
     // In u128: `keys` may be near 2^61, times up to 2^11 parts.
@@ -138,8 +167,8 @@ async fn connect(opts: &PagesOptions) -> Result<Vec<Conn>, PagesError> {
             }
             Ok(conns)
         }
-        Target::Fallow { addr } => {
-            let conns = fallow::Connection::connect(addr, opts).await?;
+        Target::Fallow { addr: seeds } | Target::Cluster { seeds } => {
+            let conns = fallow::Connection::connect(seeds, opts).await?;
             Ok(conns.into_iter().map(Conn::Fallow).collect())
         }
     }
@@ -147,15 +176,15 @@ async fn connect(opts: &PagesOptions) -> Result<Vec<Conn>, PagesError> {
 
 impl Conn {
     /// Runs `gens` with `queue_depth` requests in flight; gives the connection back.
-    /// `timeline`: keep every request's start and latency.
+    /// `timeline`: keep every request's start and latency. `every`: fallow's loops each
+    /// send at most one request per this interval.
     async fn drive(
         self,
         gens: Vec<RequestGen>,
         queue_depth: usize,
-        live: Arc<AtomicU64>,
-        stop: Arc<AtomicBool>,
-        timeline: bool,
+        pace: Pace,
     ) -> (Self, Result<Stats, PagesError>) {
+        let Pace { live, stop, timeline, every } = pace;
         match self {
             Conn::Memcached(mut c) => {
                 // One generator per connection: memcached pipelines on the socket.
@@ -170,22 +199,32 @@ impl Conn {
                 (Conn::Memcached(c), Ok(total))
             }
             Conn::Fallow(c) => {
-                let result = c.drive(gens, live, stop, timeline).await;
+                let result = c.drive(gens, live, stop, timeline, every).await;
                 (Conn::Fallow(c), result)
             }
         }
     }
 }
 
+/// What every connection of a phase shares: the progress counter, the stop flag, whether
+/// to keep a timeline, and the pacing of fallow's loops.
+struct Pace {
+    live: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    timeline: bool,
+    every: Option<Duration>,
+}
+
 /// Runs one phase on every connection and returns the connections, the merged stats and
 /// the phase's wall time. `plan(i, n)` gives connection `i` of `n` its generators and
 /// queue depth; `duration` stops the phase (else it ends when the generators run out);
-/// `timeline` keeps every request's start and latency.
+/// `timeline` keeps every request's start and latency; `every` paces each fallow loop.
 async fn phase(
     conns: Vec<Conn>,
     which: Phase,
     duration: Option<Duration>,
     timeline: bool,
+    every: Option<Duration>,
     on_tick: &mut dyn FnMut(&Tick),
     plan: impl Fn(usize, usize) -> (Vec<RequestGen>, usize),
 ) -> Result<(Vec<Conn>, Stats, Duration), PagesError> {
@@ -196,7 +235,8 @@ async fn phase(
     let mut tasks = JoinSet::new();
     for (i, conn) in conns.into_iter().enumerate() {
         let (gens, queue_depth) = plan(i, n);
-        tasks.spawn(conn.drive(gens, queue_depth, live.clone(), stop.clone(), timeline));
+        let pace = Pace { live: live.clone(), stop: stop.clone(), timeline, every };
+        tasks.spawn(conn.drive(gens, queue_depth, pace));
     }
     let second = Duration::from_secs(1);
     let mut ticks = tokio::time::interval_at((start + second).into(), second);
@@ -264,7 +304,7 @@ fn report(
         connections: opts.connections,
         queue_depth: opts.queue_depth,
         batch: opts.batch,
-        dedup: matches!(opts.target, Target::Fallow { .. }).then_some(opts.dedup),
+        dedup: opts.target.is_fallow().then_some(opts.dedup),
         client_threads: opts.threads,
         host_cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
         warmup_pages: warmup.0,
@@ -279,7 +319,11 @@ fn report(
         stored: stats.stored,
         not_stored: stats.not_stored,
         wrong: stats.wrong,
+        errors: stats.errors,
+        first_error: stats.first_error.clone(),
         latency_us: stats.latency(),
+        rss: Rss::default(),
+        cluster: None,
         timeline: stats.timeline(),
     }
 }

@@ -12,11 +12,24 @@
 //! request, from the moment it is written until its last reply byte is parsed.
 //!
 //! An optional warm-up first puts every key once (not measured), so that gets hit.
+//! An optional rate bounds the requests per second (fallow targets): each loop then waits
+//! for its next slot instead of sending as soon as its last request is answered.
+//!
+//! # A cluster of nodes
+//!
+//! `cluster://A,B,C` (or `fallow://A,B,C`, any list with a comma) drives the same load
+//! through [`fallow_client::ClusterClient`]: pages spread over the nodes, a dead node's
+//! pages are misses. The report then adds [`ClusterReport`]: each node's capacity and
+//! this client's pages there, the summary's size and the process RSS after connecting,
+//! after the warm-up and at the end, and every change of a node's state as the client saw
+//! it, timestamped, to line up with a node killed mid-run. A failed request is counted
+//! (`errors`) and the run goes on, so that a fault shows as a number, not an abort.
 //!
 //! # Components
 //!
 //! [`keys`]: key ids, uniform or Zipf. [`memcached`]: a strict text-protocol codec and a
-//! pipelining connection. `fallow`: the same through `fallow_client`. [`report`]: the
+//! pipelining connection. `fallow`: the same through `fallow_client` (one node or a
+//! cluster). `cluster`: what a cluster run adds to the report. [`report`]: the
 //! latency histogram and the final figures. The driver (private) runs the phases on a tokio
 //! runtime and ticks the progress callback once a second.
 //!
@@ -28,6 +41,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+mod cluster;
 mod driver;
 mod fallow;
 pub mod keys;
@@ -35,12 +49,14 @@ pub mod memcached;
 pub mod report;
 mod workload;
 
+pub use cluster::{ClusterReport, ClusterSnapshot, NodeEvent, NodeReport};
 pub use driver::{run, Phase, Tick};
 pub use keys::{KeyDist, KeyGen};
 pub use report::{Latency, PagesReport, TimedRequest};
 pub use workload::{ValueMode, Workload};
 
-/// The server under test, from `fallow://ADDR` or `memcached://ADDR`.
+/// The server under test, from `fallow://ADDR`, `cluster://ADDR,...` (or `fallow://` with
+/// a list) or `memcached://ADDR`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
     /// A fallow node: `HOST:PORT` or `unix:/path`.
@@ -53,15 +69,26 @@ pub enum Target {
         /// Where memcached listens.
         addr: String,
     },
+    /// A cluster of fallow nodes, driven through the cluster client.
+    Cluster {
+        /// Seed nodes, `A,B,C`: each `HOST:PORT` or `unix:/path`.
+        seeds: String,
+    },
 }
 
 impl Target {
-    /// `fallow` or `memcached`.
+    /// `fallow`, `fallow-cluster` or `memcached`.
     pub fn kind(&self) -> &'static str {
         match self {
             Target::Fallow { .. } => "fallow",
+            Target::Cluster { .. } => "fallow-cluster",
             Target::Memcached { .. } => "memcached",
         }
+    }
+
+    /// Whether the target is fallow (one node or a cluster).
+    pub fn is_fallow(&self) -> bool {
+        !matches!(self, Target::Memcached { .. })
     }
 }
 
@@ -69,17 +96,19 @@ impl FromStr for Target {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let (scheme, addr) = s
-            .split_once("://")
-            .ok_or_else(|| format!("expected fallow://ADDR or memcached://ADDR, not {s:?}"))?;
+        let (scheme, addr) = s.split_once("://").ok_or_else(|| {
+            format!("expected fallow://ADDR, cluster://ADDR,... or memcached://ADDR, not {s:?}")
+        })?;
         if addr.is_empty() {
             return Err(format!("{s:?} names no address"));
         }
         let addr = addr.to_string();
         match scheme {
+            "fallow" if addr.contains(',') => Ok(Target::Cluster { seeds: addr }),
             "fallow" => Ok(Target::Fallow { addr }),
+            "cluster" => Ok(Target::Cluster { seeds: addr }),
             "memcached" => Ok(Target::Memcached { addr }),
-            _ => Err(format!("unknown scheme {scheme:?}: expected fallow or memcached")),
+            _ => Err(format!("unknown scheme {scheme:?}: expected fallow, cluster or memcached")),
         }
     }
 }
@@ -89,6 +118,7 @@ impl fmt::Display for Target {
         match self {
             Target::Fallow { addr } => write!(f, "fallow://{addr}"),
             Target::Memcached { addr } => write!(f, "memcached://{addr}"),
+            Target::Cluster { seeds } => write!(f, "cluster://{seeds}"),
         }
     }
 }
@@ -127,6 +157,9 @@ pub struct PagesOptions {
     /// Keep every measured request's start and latency in [`PagesReport::timeline`]
     /// (about 32 bytes per request).
     pub timeline: bool,
+    /// At most this many requests per second over all loops of the measured phase
+    /// (fallow targets only; `None`: as fast as replies come).
+    pub rate: Option<f64>,
 }
 
 impl PagesOptions {
@@ -149,6 +182,7 @@ impl PagesOptions {
             dedup: true,
             seed: 1,
             timeline: false,
+            rate: None,
         }
     }
 
@@ -172,8 +206,17 @@ impl PagesOptions {
         if self.duration.is_zero() {
             return bad("the duration must be above zero".into());
         }
-        if matches!(self.target, Target::Fallow { .. }) && self.secret.is_empty() {
+        if self.target.is_fallow() && self.secret.is_empty() {
             return bad("a fallow target needs the cluster secret (--secret-file)".into());
+        }
+        match self.rate {
+            Some(_) if !self.target.is_fallow() => {
+                return bad("a rate applies to fallow targets only".into())
+            }
+            Some(rate) if !(rate.is_finite() && rate > 0.0) => {
+                return bad(format!("the rate must be above zero, not {rate}"))
+            }
+            _ => {}
         }
         KeyGen::new(self.keys, self.dist).map(drop).map_err(PagesError::Options)
     }
@@ -230,7 +273,14 @@ mod tests {
         let node: Target = "fallow://unix:/run/f.sock".parse().unwrap();
         assert_eq!(node, Target::Fallow { addr: "unix:/run/f.sock".into() });
         assert_eq!(node.kind(), "fallow");
-        for bad in ["127.0.0.1:1", "redis://h:1", "fallow://", ""] {
+        let cluster: Target = "fallow://h:1,h:2".parse().unwrap();
+        assert_eq!(cluster, Target::Cluster { seeds: "h:1,h:2".into() });
+        assert_eq!(cluster.to_string(), "cluster://h:1,h:2");
+        let one: Target = "cluster://h:1".parse().unwrap();
+        assert_eq!(one, Target::Cluster { seeds: "h:1".into() });
+        assert_eq!(one.kind(), "fallow-cluster");
+        assert!(one.is_fallow() && !mc.is_fallow());
+        for bad in ["127.0.0.1:1", "redis://h:1", "fallow://", "cluster://", ""] {
             assert!(bad.parse::<Target>().is_err(), "{bad:?} parsed");
         }
     }
@@ -239,7 +289,7 @@ mod tests {
     fn options_are_validated() {
         let ok = PagesOptions::new(Target::Memcached { addr: "h:1".into() });
         assert!(ok.validate().is_ok());
-        let broken: [fn(&mut PagesOptions); 7] = [
+        let broken: [fn(&mut PagesOptions); 9] = [
             |o| o.connections = 0,
             |o| o.queue_depth = MAX_QUEUE_DEPTH + 1,
             |o| (o.connections, o.queue_depth) = (MAX_CONNECTIONS, MAX_QUEUE_DEPTH),
@@ -247,6 +297,11 @@ mod tests {
             |o| o.duration = Duration::ZERO,
             |o| o.keys = 0,
             |o| o.target = Target::Fallow { addr: "h:1".into() },
+            |o| o.rate = Some(100.0),
+            |o| {
+                (o.target, o.secret, o.rate) =
+                    (Target::Cluster { seeds: "h:1".into() }, b"s".to_vec(), Some(0.0))
+            },
         ];
         for (i, breaks) in broken.iter().enumerate() {
             let mut o = ok.clone();

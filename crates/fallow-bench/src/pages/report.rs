@@ -24,6 +24,10 @@ pub(crate) struct Stats {
     pub(crate) stored: u64,
     pub(crate) not_stored: u64,
     pub(crate) wrong: u64,
+    /// Requests that failed (counted only where a run goes on after a failure).
+    pub(crate) errors: u64,
+    /// The first of those failures.
+    pub(crate) first_error: Option<String>,
     /// Pages completed by every worker, read by the progress ticker.
     live_pages: Arc<AtomicU64>,
     /// Every request's `(start, latency ns, is a get)`, when a timeline is asked for.
@@ -44,6 +48,8 @@ impl Stats {
             stored: 0,
             not_stored: 0,
             wrong: 0,
+            errors: 0,
+            first_error: None,
             live_pages,
             timeline: None,
         }
@@ -82,6 +88,12 @@ impl Stats {
         self.not_stored += not_stored;
     }
 
+    /// Records a request that failed (not timed: a failure's latency is not a page's).
+    pub(crate) fn error(&mut self, err: &dyn std::fmt::Display) {
+        self.errors += 1;
+        self.first_error.get_or_insert_with(|| err.to_string());
+    }
+
     /// Adds `other`'s measurements to these.
     pub(crate) fn merge(&mut self, other: &Stats) {
         // Both histograms share bounds, so `add` cannot fail; if it ever did, the counts
@@ -94,6 +106,10 @@ impl Stats {
         self.stored += other.stored;
         self.not_stored += other.not_stored;
         self.wrong += other.wrong;
+        self.errors += other.errors;
+        if self.first_error.is_none() {
+            self.first_error.clone_from(&other.first_error);
+        }
         if let Some(theirs) = &other.timeline {
             self.timeline.get_or_insert_with(Vec::new).extend_from_slice(theirs);
         }
@@ -130,6 +146,28 @@ impl Stats {
             mean: self.hist.mean() / 1000.0,
         }
     }
+}
+
+/// This process's resident set (`VmRSS` of `/proc/self/status`), in bytes; `None` where
+/// the OS does not tell it.
+pub(crate) fn rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib = line.trim_start_matches("VmRSS:").trim().trim_end_matches("kB").trim();
+    Some(kib.parse::<u64>().ok()? * 1024)
+}
+
+/// The load generator's resident set at three moments of the run, in bytes (`None`: not
+/// known). The growth over the warm-up is what the client keeps per page put (with a
+/// cluster target, its summary), plus the allocator's noise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct Rss {
+    /// Right after connecting and creating the pool.
+    pub connected: Option<u64>,
+    /// After the warm-up (`None` without one).
+    pub after_warmup: Option<u64>,
+    /// After the measured phase.
+    pub end: Option<u64>,
 }
 
 /// One request of the measured phase, for a latency timeline (`PagesOptions::timeline`).
@@ -210,8 +248,18 @@ pub struct PagesReport {
     pub not_stored: u64,
     /// Hits whose bytes no put of their key stored: must be 0.
     pub wrong: u64,
+    /// Requests that failed (cluster targets, where the run goes on): must be 0.
+    pub errors: u64,
+    /// The first failure, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_error: Option<String>,
     /// Per-request latency in µs.
     pub latency_us: Latency,
+    /// The load generator's resident set.
+    pub rss: Rss,
+    /// Cluster targets: the client's nodes and summary, and node state changes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<super::ClusterReport>,
     /// Every measured request, oldest first, when `PagesOptions::timeline` is set (not
     /// serialised: the CLI writes it to a file of its own).
     #[serde(skip)]
@@ -257,11 +305,41 @@ impl fmt::Display for PagesReport {
             self.hits, self.misses, self.wrong
         )?;
         writeln!(f, "puts         {} stored, {} not stored", self.stored, self.not_stored)?;
+        if self.errors > 0 {
+            writeln!(
+                f,
+                "errors       {} (first: {})",
+                self.errors,
+                self.first_error.as_deref().unwrap_or("?")
+            )?;
+        }
         write!(
             f,
             "latency µs   p50 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}  mean {:.1}",
             l.p50, l.p99, l.p999, l.max, l.mean
-        )
+        )?;
+        if let Some(c) = &self.cluster {
+            let s = c.after_warmup.as_ref().unwrap_or(&c.end);
+            let per_page = s.summary_heap_bytes as f64 / s.summary_pages.max(1) as f64;
+            write!(
+                f,
+                "\nsummary      {} pages, {} objects, {} heap bytes ({per_page:.1} B/page){}",
+                s.summary_pages,
+                s.summary_objects,
+                s.summary_heap_bytes,
+                if c.after_warmup.is_some() { " after the warm-up" } else { "" }
+            )?;
+            for n in &c.end.nodes {
+                write!(f, "\nnode         {} {}: {} pages of this client", n.id, n.state, n.pages)?;
+                if let (Some(lent), Some(free)) = (n.lendable, n.free) {
+                    write!(f, ", lends {} MiB, {} MiB free", lent >> 20, free >> 20)?;
+                }
+            }
+            for e in &c.events {
+                write!(f, "\nevent        {} {} {}", e.unix_ns, e.node, e.state)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -310,8 +388,11 @@ mod tests {
         b.hist.record(1_000_000).unwrap();
         b.wrong = 1;
         b.requests = 1;
+        b.error(&"first");
+        b.error(&"second");
         a.merge(&b);
-        assert_eq!((a.requests, a.wrong), (1, 1));
+        assert_eq!((a.requests, a.wrong, a.errors), (1, 1, 2));
+        assert_eq!(a.first_error.as_deref(), Some("first"));
         assert!((a.latency().max - 1000.0).abs() < 1.0);
         assert_eq!(stats().latency().p50, 0.0, "an empty histogram reports zeros");
     }
@@ -336,6 +417,14 @@ mod tests {
         assert!(t[0].get && !t[1].get, "oldest first: {t:?}");
         assert!(t[1].start_unix_ns - t[0].start_unix_ns >= 1_000_000, "{t:?}");
         assert!(t[0].latency_ns >= 1_000_000, "the get was timed from `first`: {t:?}");
+    }
+
+    #[test]
+    fn rss_is_read_on_linux() {
+        if cfg!(target_os = "linux") {
+            let rss = rss_bytes().expect("VmRSS in /proc/self/status");
+            assert!(rss > 1 << 20, "{rss}");
+        }
     }
 
     #[test]
@@ -365,7 +454,11 @@ mod tests {
             stored: 0,
             not_stored: 0,
             wrong: 0,
+            errors: 0,
+            first_error: None,
             latency_us: Latency { p50: 15.0, p99: 40.0, p999: 90.0, max: 100.0, mean: 16.0 },
+            rss: Rss::default(),
+            cluster: None,
             timeline: Vec::new(),
         };
         let text = report.to_string();

@@ -1,5 +1,6 @@
 //! `fallow bench pages`: one 4 KiB page load against a fallow node or a memcached server
-//! (the load generator is `fallow_bench::pages`).
+//! (the load generator is `fallow_bench::pages`). `fallow bench delay-proxy`: a TCP proxy
+//! that adds latency (`fallow_bench::delay_proxy`), for fault tests without netem.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -8,6 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 
+use fallow_bench::delay_proxy;
 use fallow_bench::pages::{self, KeyDist, PagesOptions, Phase, Target, Tick, ValueMode, Workload};
 
 /// Bench subcommands.
@@ -21,12 +23,35 @@ pub enum BenchCommand {
     /// Progress goes to stderr once a second, the report to stdout. The load generator
     /// shares the host's CPUs with a local server.
     Pages(PagesArgs),
+    /// Forward TCP connections from --listen to --to, adding --delay to the data in each
+    /// direction (a request and its reply cost twice the delay): latency without netem.
+    ///
+    /// Logs `listening on ADDR` to stderr once bound (`:0` chooses a port); runs until
+    /// killed, SIGTERM or SIGINT.
+    DelayProxy(DelayProxyArgs),
+}
+
+/// Options of `fallow bench delay-proxy`.
+#[derive(Debug, Args)]
+pub struct DelayProxyArgs {
+    /// Where to accept connections: IP:PORT.
+    #[arg(long, value_name = "ADDR")]
+    listen: std::net::SocketAddr,
+    /// Where to forward each connection: HOST:PORT.
+    #[arg(long, value_name = "ADDR")]
+    to: String,
+    /// The latency added in each direction: 5ms, 0.2s, or seconds.
+    #[arg(long, value_parser = parse_duration)]
+    delay: Duration,
 }
 
 /// Options of `fallow bench pages`.
 #[derive(Debug, Args)]
 pub struct PagesArgs {
-    /// The server: fallow://HOST:PORT, fallow://unix:/PATH or memcached://HOST:PORT.
+    /// The server: fallow://HOST:PORT, fallow://unix:/PATH or memcached://HOST:PORT; or a
+    /// cluster through the cluster client: cluster://A,B,C (also fallow://A,B,C), where
+    /// any one seed is enough and the report adds each node, the client's summary and
+    /// node state changes.
     #[arg(long)]
     target: Target,
     /// The file holding the cluster secret (fallow targets).
@@ -67,6 +92,10 @@ pub struct PagesArgs {
     /// Fallow only: create the benchmark pool with dedup on or off.
     #[arg(long, default_value = "on", value_name = "on|off", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     dedup: bool,
+    /// At most N requests per second over all connections and queue slots (fallow and
+    /// cluster targets): a steady load, e.g. to watch latency while a node fails.
+    #[arg(long, value_name = "N")]
+    rate: Option<f64>,
     /// Seed of the keys, the mix and the page contents.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -86,7 +115,30 @@ pub struct PagesArgs {
 pub fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Pages(args) => bench_pages(args),
+        BenchCommand::DelayProxy(args) => delay_proxy(args),
     }
+}
+
+fn delay_proxy(args: DelayProxyArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let (listen, to, delay) = (args.listen, args.to.clone(), args.delay);
+    let proxy = delay_proxy::DelayProxy { to: args.to, delay: args.delay };
+    runtime.block_on(async move {
+        let serve = delay_proxy::run(listen, proxy, |bound| {
+            eprintln!(
+                "fallow bench delay-proxy: listening on {bound}, forwarding to {to} with \
+                 {delay:?} each way"
+            );
+        });
+        tokio::select! {
+            result = serve => result.with_context(|| format!("delay proxy on {listen}")),
+            signal = crate::cmd::node::wait_for_signal() => signal,
+        }
+    })
 }
 
 fn bench_pages(args: PagesArgs) -> anyhow::Result<()> {
@@ -108,6 +160,7 @@ fn bench_pages(args: PagesArgs) -> anyhow::Result<()> {
     opts.dedup = args.dedup;
     opts.seed = args.seed;
     opts.timeline = args.timeline.is_some();
+    opts.rate = args.rate;
     let quiet = args.quiet;
     let report = pages::run(&opts, |tick| {
         if !quiet {
