@@ -456,21 +456,17 @@ impl Inner {
             (Some(word), _, _) => Value::Fill(word),
             (None, Source::Held, Some(id)) => Value::Content(id),
             (None, Source::Held, None) => unreachable!("a put by hash without its content"),
-            (None, Source::Page(page), _) => {
-                loop {
-                    match store.intern(page, digest, opts) {
-                        Ok(id) => break Value::Content(id),
-                        Err(ArenaFull::AtLimit) => {
-                            if !self.evict_one(shard, &mut store) {
-                                return Ok(Err(PutFail::NeedReclaim));
-                            }
-                        }
-                        Err(ArenaFull::MapFailed) => {
-                            return Ok(Err(PutFail::Refused(NotStored::Full)))
+            (None, Source::Page(page), _) => loop {
+                match store.intern(page, digest, opts) {
+                    Ok(id) => break Value::Content(id),
+                    Err(ArenaFull::AtLimit) => {
+                        if !self.evict_one(shard, &mut store) {
+                            return Ok(Err(PutFail::NeedReclaim));
                         }
                     }
+                    Err(ArenaFull::MapFailed) => return Ok(Err(PutFail::Refused(NotStored::Full))),
                 }
-            }
+            },
         };
         shard.insert(Slot { key, value, persistent }, hash);
         pool.counters.pages.fetch_add(1, Ordering::Relaxed);

@@ -41,8 +41,8 @@ mod pools;
 mod prehashed;
 mod shard;
 mod stats;
-mod summary;
 mod store;
+mod summary;
 
 pub use arena::{FRAMES_PER_SEGMENT, SEGMENT_BYTES};
 pub use config::{ConfigError, EngineBuilder, EngineConfig, MAX_BUDGET_BYTES};
