@@ -167,6 +167,9 @@ struct Shared {
     stats: CacheStats,
     demote: Option<mpsc::Sender<(u64, Bytes, Ticket)>>,
     dirty: dirty::DirtySet,
+    /// No local tier, no pool, write-through: nothing is ever cached or dirty, so reads go
+    /// straight to the store (`read_through`).
+    pass_through: bool,
 }
 
 /// One export's cache over its backing store. Cheap to share (`Arc` inside); every
@@ -202,7 +205,10 @@ impl CacheLayer {
         } else {
             (None, None)
         };
+        let pass_through =
+            pool.is_none() && config.local_pages == 0 && config.write == WritePolicy::Through;
         let shared = Arc::new(Shared {
+            pass_through,
             whole_pages: backing.size() / PAGE,
             backing,
             local: LocalTier::new(config.local_pages),
@@ -262,20 +268,22 @@ impl CacheLayer {
     }
 
     /// Reads `len` bytes at `offset` (the caller has checked the range).
+    ///
+    /// The answer is built without zero-filling or copying where it can be: a read that one
+    /// page or one store read answers whole is a slice of that buffer; otherwise the pieces
+    /// are copied once, in order, into a buffer of the right size.
     pub async fn read(&self, offset: u64, len: u32) -> io::Result<Bytes> {
         let s = &*self.shared;
-        let pieces: Vec<Piece> = pieces(offset, len as u64).collect();
-        let mut out = BytesMut::zeroed(len as usize);
-        let mut at = Vec::with_capacity(pieces.len()); // output offset of each piece
-        let mut next = 0;
-        for p in &pieces {
-            at.push(next);
-            next += p.len();
+        if s.pass_through {
+            return self.read_through(offset, len).await;
         }
+        let pieces: Vec<Piece> = pieces(offset, len as u64).collect();
         let populate = len < s.config.scan_bytes;
-        let copy = |out: &mut BytesMut, i: usize, page: &[u8]| {
+        // Each piece's bytes, as a slice of the page (or store read) they came from.
+        let mut parts: Vec<Bytes> = vec![Bytes::new(); pieces.len()];
+        let part = |i: usize, page: &Bytes| {
             let p = &pieces[i];
-            out[at[i]..at[i] + p.len()].copy_from_slice(&page[p.start..p.end]);
+            page.slice(p.start..p.end)
         };
 
         // Tickets first (a write that starts after this invalidates them), then the dirty
@@ -286,13 +294,13 @@ impl CacheLayer {
             if p.page < s.whole_pages {
                 tickets[i] = s.coherence.ticket(p.page);
                 if let Some(page) = s.dirty.get(p.page) {
-                    copy(&mut out, i, &page);
+                    parts[i] = part(i, &page);
                     s.stats.dirty_hits.fetch_add(1, Relaxed);
                     tickets[i] = None;
                     continue;
                 }
                 if let Some(page) = s.local.get(p.page) {
-                    copy(&mut out, i, &page);
+                    parts[i] = part(i, &page);
                     s.stats.local_hits.fetch_add(1, Relaxed);
                     continue;
                 }
@@ -320,7 +328,7 @@ impl CacheLayer {
                     Ok(found) => {
                         for (i, page) in asked.iter().zip(found) {
                             if let Some(page) = page {
-                                copy(&mut out, *i, &page);
+                                parts[*i] = part(*i, &page);
                                 from_pool.push((*i, page));
                             }
                         }
@@ -338,6 +346,8 @@ impl CacheLayer {
         // The backing store, in runs of consecutive pages, whole pages where they are
         // cacheable.
         let mut from_store: Vec<(usize, Bytes)> = Vec::new();
+        // Set when one store read covers the whole request: the answer is a slice of it.
+        let mut whole: Option<Bytes> = None;
         let mut run_start = 0;
         while run_start < missing.len() {
             let mut run_end = run_start + 1;
@@ -352,14 +362,21 @@ impl CacheLayer {
             let end = ((last.page + 1) * PAGE).min(s.backing.size());
             let started = std::time::Instant::now();
             let data = s.backing.read(start, (end - start) as u32).await?;
+            check_len(&data, end - start)?;
             s.stats.backing_read_micros.fetch_add(started.elapsed().as_micros() as u64, Relaxed);
             s.stats.backing_reads.fetch_add(1, Relaxed);
+            if missing.len() == pieces.len() && run_end - run_start == pieces.len() {
+                // Every piece, in one read: the request starts `first.start` bytes into it.
+                whole = Some(data.slice(first.start..first.start + len as usize));
+            }
             for &i in &missing[run_start..run_end] {
                 let p = &pieces[i];
                 let from = ((p.page * PAGE) - start) as usize;
                 let page_end = (from + PAGE_SIZE).min(data.len());
                 let page = data.slice(from..page_end);
-                copy(&mut out, i, &page);
+                if whole.is_none() {
+                    parts[i] = part(i, &page);
+                }
                 if p.page < s.whole_pages {
                     from_store.push((i, page));
                 }
@@ -371,7 +388,34 @@ impl CacheLayer {
         if populate {
             self.populate(&pieces, &tickets, from_pool, from_store).await;
         }
-        Ok(out.freeze())
+        Ok(match whole {
+            Some(data) => data,
+            None if parts.len() == 1 => parts.pop().unwrap_or_default(),
+            None => {
+                let mut out = BytesMut::with_capacity(len as usize);
+                for part in &parts {
+                    out.extend_from_slice(part);
+                }
+                out.freeze()
+            }
+        })
+    }
+
+    /// A read with no tier to look in or fill and no dirty pages: straight to the store,
+    /// exactly the range asked for, whose buffer is the answer.
+    async fn read_through(&self, offset: u64, len: u32) -> io::Result<Bytes> {
+        let s = &*self.shared;
+        if len == 0 {
+            return Ok(Bytes::new());
+        }
+        let started = std::time::Instant::now();
+        let data = s.backing.read(offset, len).await?;
+        check_len(&data, len as u64)?;
+        s.stats.backing_read_micros.fetch_add(started.elapsed().as_micros() as u64, Relaxed);
+        s.stats.backing_reads.fetch_add(1, Relaxed);
+        let pages = (offset + len as u64 - 1) / PAGE - offset / PAGE + 1;
+        s.stats.misses.fetch_add(pages, Relaxed);
+        Ok(data)
     }
 
     /// Puts what a read fetched into the tiers, for the pages whose tickets are still
@@ -613,6 +657,16 @@ impl CacheLayer {
         }
         Ok(())
     }
+}
+
+/// A store that answers a read with the wrong number of bytes is broken; the reply to the
+/// client must still be exactly as long as it says (the NBD stream has no other framing).
+fn check_len(data: &Bytes, expected: u64) -> io::Result<()> {
+    if data.len() as u64 == expected {
+        return Ok(());
+    }
+    let why = format!("the backing store returned {} bytes for a read of {expected}", data.len());
+    Err(io::Error::new(io::ErrorKind::InvalidData, why))
 }
 
 /// Puts clean pages into the pool in one batch; a failure is counted and logged, never an
