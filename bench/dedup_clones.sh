@@ -29,7 +29,6 @@ done
 
 work=$(mktemp -d)
 trap 'stop_pids; rm -rf "$work"' EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 # The image: an ext4 file system about half full of a real tree of files (Python's
 # standard library from Debian's package: source, bytecode, shared objects), as a VM's

@@ -48,9 +48,6 @@ done
 work=$(mktemp -d /tmp/fallow-miss-cost.XXXXXX)
 log() { echo "[nbd-miss-cost $(date +%H:%M:%S)] $*" >&2; }
 
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
 wait_port() { # PORT
     for _ in $(seq 200); do
         (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0

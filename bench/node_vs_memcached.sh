@@ -91,24 +91,6 @@ cpu_sample() {
 
 step() { printf '\n==> [%s] %s\n' "$(date +%T)" "$*" >&2; }
 
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
-# Waits up to 10 s for something to listen on 127.0.0.1:$1, and fails if process $2 died.
-wait_listening() {
-    local i
-    for i in $(seq 100); do
-        if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then
-            return 0
-        fi
-        kill -0 "$2" 2>/dev/null || { echo "process $2 exited before listening on $1" >&2; return 1; }
-        sleep 0.1
-    done
-    echo "nothing listens on 127.0.0.1:$1 after 10 s" >&2
-    return 1
-}
-
 step "1/5 memcached and the release build"
 if ! command -v memcached >/dev/null; then
     apt-get -o DPkg::Lock::Timeout=600 install -y memcached >&2
