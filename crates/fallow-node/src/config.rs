@@ -53,6 +53,11 @@ pub struct ClusterSettings {
     /// Gossip addresses (`HOST:PORT`) of members to contact first; may be empty for the
     /// first node, and may list nodes that are not up yet.
     pub join: Vec<String>,
+    /// The protocol address other members and clients are told to reach this node at,
+    /// when it is not the one it listens on (NAT, a port forward, a proxy in front).
+    /// `None`: the first TCP listen address as bound (a wildcard IP replaced by the gossip
+    /// IP).
+    pub advertise: Option<SocketAddr>,
 }
 
 impl NodeConfig {
@@ -101,6 +106,8 @@ pub struct ConfigFile {
     pub join: Option<Vec<String>>,
     /// The UDP address to gossip on, as for `--gossip`.
     pub gossip: Option<String>,
+    /// The protocol address to advertise, as for `--advertise`.
+    pub advertise: Option<String>,
     /// False-positive rate of the content summary, as for `--summary-fpr`.
     pub summary_fpr: Option<f64>,
     /// Largest content summary, as a size, as for `--summary-max`.

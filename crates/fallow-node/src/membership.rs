@@ -82,6 +82,15 @@ fn addresses(
              --gossip IP:PORT with the address they reach this host at"
         ));
     }
+    if let Some(advertise) = settings.advertise {
+        if advertise.ip().is_unspecified() || advertise.port() == 0 {
+            return Err(format!(
+                "--advertise {advertise}: give the IP:PORT clients reach this node at, \
+                 not a wildcard or port 0"
+            ));
+        }
+        return Ok((advertise, gossip));
+    }
     // A node listening on every interface advertises the gossip IP, which peers reach.
     let protocol = match bound.ip() {
         IpAddr::V4(ip) if ip.is_unspecified() => SocketAddr::new(gossip.ip(), bound.port()),
@@ -115,7 +124,21 @@ mod tests {
     use super::*;
 
     fn settings(gossip: Option<&str>) -> ClusterSettings {
-        ClusterSettings { gossip: gossip.map(|g| g.parse().unwrap()), join: vec![] }
+        ClusterSettings { gossip: gossip.map(|g| g.parse().unwrap()), ..Default::default() }
+    }
+
+    #[test]
+    fn an_advertised_address_replaces_the_listen_address() {
+        let mut s = settings(None);
+        s.advertise = Some("203.0.113.7:17400".parse().unwrap());
+        let (protocol, gossip) = addresses(&s, pair("10.0.0.5:7400", "10.0.0.5:7400")).unwrap();
+        assert_eq!(protocol.to_string(), "203.0.113.7:17400");
+        assert_eq!(gossip.to_string(), "10.0.0.5:7401", "gossip stays where it listens");
+        for bad in ["0.0.0.0:7400", "203.0.113.7:0"] {
+            s.advertise = Some(bad.parse().unwrap());
+            let err = addresses(&s, pair("10.0.0.5:7400", "10.0.0.5:7400")).unwrap_err();
+            assert!(err.contains("--advertise"), "{err}");
+        }
     }
 
     fn pair(configured: &str, bound: &str) -> Option<(SocketAddr, SocketAddr)> {

@@ -183,3 +183,32 @@ fn a_node_without_gossip_says_it_is_not_in_a_cluster() {
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(!bad.status.success() && err.contains("TCP --listen"), "{err}");
 }
+
+/// `--advertise` is the address the cluster is told (a node behind a proxy or NAT): it
+/// names the member in `stat --cluster`, which reaches the node at its listen address;
+/// without gossip the flag is refused with the reason.
+#[test]
+fn an_advertised_address_names_the_member() {
+    let dir = TempDir::new("cluster-advertise");
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "cluster-test-secret-0123456789abcdef\n").unwrap();
+    let s = secret.to_str().unwrap();
+    let advertised = format!("127.0.0.2:{}", free_port());
+    let gossip = format!("127.0.0.1:{}", free_udp_port());
+    let (_node, addr) = start_node(
+        &["--listen", "127.0.0.1:0", "--gossip", &gossip, "--advertise", &advertised]
+            .into_iter()
+            .chain(["--lend", "16M", "--secret-file", s])
+            .collect::<Vec<_>>(),
+        START_TIMEOUT,
+    );
+    let list = members(&addr, &secret);
+    assert_eq!(member(&list, &advertised).map(|m| m.0), Some("alive".to_string()), "{list}");
+    let alone = support::fallow()
+        .args(["node", "--listen", "127.0.0.1:0", "--advertise", &advertised])
+        .args(["--secret-file", s])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&alone.stderr);
+    assert!(!alone.status.success() && err.contains("needs --join or --gossip"), "{err}");
+}

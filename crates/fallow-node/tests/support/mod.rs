@@ -230,7 +230,7 @@ pub fn gossiping_with(
     summary: fallow_node::summary::SummarySettings,
 ) -> TestNode {
     TestNode::with(Options {
-        cluster: Some(ClusterSettings { gossip: None, join }),
+        cluster: Some(ClusterSettings { join, ..Default::default() }),
         budget: 32 << 20,
         summary,
         ..Options::default()

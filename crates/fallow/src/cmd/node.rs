@@ -72,6 +72,11 @@ pub struct NodeArgs {
     /// --listen IP and its port + 1, e.g. 127.0.0.1:7401].
     #[arg(long, value_name = "ADDR")]
     gossip: Option<SocketAddr>,
+    /// The protocol address (IP:PORT) the cluster and its clients are told to reach this
+    /// node at, when it is not the TCP address it listens on: behind NAT, a port forward or
+    /// a proxy [default: the first TCP --listen address].
+    #[arg(long, value_name = "ADDR")]
+    advertise: Option<SocketAddr>,
     /// Content summary (cross-node dedup): the false-positive rate its Bloom filter is
     /// sized for, between 0.000001 and 0.5 [default: 0.01, 9.6 bits per page held].
     #[arg(long, value_name = "RATE")]
@@ -131,7 +136,11 @@ fn settings(args: NodeArgs) -> anyhow::Result<Settings> {
         auto.reserve_bytes =
             parse_size(&reserve).with_context(|| format!("--reserve {reserve}"))?;
     }
-    let cluster = cluster_settings(args.join, args.gossip, file.join, file.gossip)?;
+    let cluster = cluster_settings(
+        (args.join, file.join),
+        (args.gossip, file.gossip),
+        (args.advertise, file.advertise),
+    )?;
     let metrics = match args.metrics {
         Some(addr) => Some(addr),
         None => match &file.metrics {
@@ -186,13 +195,13 @@ fn settings(args: NodeArgs) -> anyhow::Result<Settings> {
     Ok(Settings { config, lend, policy })
 }
 
-/// Gossip settings from the flags, else the file; `None` (no gossip) when neither names a
-/// node to join or an address to gossip on.
+/// Gossip settings from the flags, else the file (each argument is a flag's value and the
+/// file's); `None` (no gossip) when neither names a node to join or an address to gossip
+/// on.
 fn cluster_settings(
-    join: Vec<String>,
-    gossip: Option<SocketAddr>,
-    file_join: Option<Vec<String>>,
-    file_gossip: Option<String>,
+    (join, file_join): (Vec<String>, Option<Vec<String>>),
+    (gossip, file_gossip): (Option<SocketAddr>, Option<String>),
+    (advertise, file_advertise): (Option<SocketAddr>, Option<String>),
 ) -> anyhow::Result<Option<ClusterSettings>> {
     let join = if join.is_empty() { file_join.unwrap_or_default() } else { join };
     let gossip = match (gossip, &file_gossip) {
@@ -205,7 +214,19 @@ fn cluster_settings(
     if let Some(bad) = join.iter().find(|s| s.rsplit_once(':').is_none_or(|(h, _)| h.is_empty())) {
         bail!("--join {bad:?}: give the gossip address of a node as HOST:PORT");
     }
-    Ok((!join.is_empty() || gossip.is_some()).then_some(ClusterSettings { gossip, join }))
+    let advertise = match (advertise, &file_advertise) {
+        (Some(addr), _) => Some(addr),
+        (None, Some(text)) => Some(
+            text.parse()
+                .with_context(|| format!("config file: advertise = {text:?}: not IP:PORT"))?,
+        ),
+        (None, None) => None,
+    };
+    let gossips = !join.is_empty() || gossip.is_some();
+    if advertise.is_some() && !gossips {
+        bail!("--advertise is what the cluster is told: it needs --join or --gossip");
+    }
+    Ok(gossips.then_some(ClusterSettings { gossip, join, advertise }))
 }
 
 /// Runs a node until SIGTERM or SIGINT.
