@@ -189,11 +189,13 @@ impl Forwarder {
         let connect = || async {
             let config = ClusterClientConfig::new(&seed, node.config().secret.clone())
                 .map_err(|e| (Status::Internal, format!("forwarding to {seed}: {e}")))?
-                .client_id(rand::random())
-                .timeout(node.config().forward_timeout)
-                .connect_timeout(node.config().forward_timeout)
-                .name("fallow-node forwarder")
-                .connections(2);
+                .per_node(|c| {
+                    c.client_id(rand::random())
+                        .timeout(node.config().forward_timeout)
+                        .connect_timeout(node.config().forward_timeout)
+                        .name("fallow-node forwarder")
+                        .connections(2)
+                });
             let cluster = ClusterClient::connect(config).await.map_err(|e| {
                 (Status::Internal, format!("cannot reach the cluster to forward: {e}"))
             })?;

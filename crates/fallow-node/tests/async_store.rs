@@ -50,7 +50,7 @@ async fn engine_and_remote_node_agree() {
     let config =
         fallow_client::ClusterClientConfig::new(&node.addr.to_string(), support::SECRET.to_vec())
             .unwrap()
-            .timeout(std::time::Duration::from_secs(10));
+            .per_node(|c| c.timeout(std::time::Duration::from_secs(10)));
     let cluster = fallow_client::ClusterClient::connect(config).await.unwrap();
     assert_eq!(exercise(&cluster, &PoolSpec::ephemeral()).await, local);
     assert_eq!(

@@ -36,8 +36,7 @@ async fn connect(seeds: &[SocketAddr], timeout: Duration) -> ClusterClient {
     let list: Vec<String> = seeds.iter().map(|a| a.to_string()).collect();
     let config = ClusterClientConfig::new(&list.join(","), SECRET.to_vec())
         .unwrap()
-        .timeout(timeout)
-        .connect_timeout(timeout);
+        .per_node(|c| c.timeout(timeout).connect_timeout(timeout));
     ClusterClient::connect(config).await.unwrap()
 }
 
@@ -415,7 +414,7 @@ async fn copies_on_a_node_unreachable_for_long_are_recreated_without_membership(
     let list: Vec<String> = nodes.iter().map(|n| n.addr.to_string()).collect();
     let config = ClusterClientConfig::new(&list.join(","), SECRET.to_vec())
         .unwrap()
-        .timeout(Duration::from_secs(5))
+        .per_node(|c| c.timeout(Duration::from_secs(5)))
         .repair_after(Duration::from_millis(300));
     let cluster = ClusterClient::connect(config).await.unwrap();
     let pool = cluster.create_pool(&PoolSpec::persistent()).await.unwrap();

@@ -104,8 +104,7 @@ async fn cluster_client(seeds: &[std::net::SocketAddr]) -> ClusterClient {
     let list: Vec<String> = seeds.iter().map(|a| a.to_string()).collect();
     let config = ClusterClientConfig::new(&list.join(","), SECRET.to_vec())
         .unwrap()
-        .timeout(Duration::from_secs(5))
-        .connect_timeout(Duration::from_secs(5))
+        .per_node(|c| c.timeout(Duration::from_secs(5)).connect_timeout(Duration::from_secs(5)))
         .dedup_refresh(None);
     ClusterClient::connect(config).await.unwrap()
 }

@@ -122,7 +122,9 @@ async fn a_sigkilled_node_costs_misses_never_wrong_data_or_errors() {
     let seeds = format!("fallow://{},{},{}", a.listen, b.listen, c.listen);
     // A SIGKILLed node resets its connections: detection needs no timeout, and a long
     // one keeps a slow machine from making misses of its own.
-    let config = ClusterClientConfig::new(&seeds, SECRET).unwrap().timeout(Duration::from_secs(1));
+    let config = ClusterClientConfig::new(&seeds, SECRET)
+        .unwrap()
+        .per_node(|c| c.timeout(Duration::from_secs(1)));
     let cluster = ClusterClient::connect(config).await.unwrap();
     assert_eq!(cluster.nodes().len(), 3);
     let pool = cluster.create_pool(&PoolSpec::ephemeral()).await.unwrap();
@@ -294,7 +296,9 @@ async fn persistent_pages_survive_two_successive_node_kills() {
     wait_for_members(&a.listen, 3).await;
 
     let seeds = format!("fallow://{},{},{}", a.listen, b.listen, c.listen);
-    let config = ClusterClientConfig::new(&seeds, SECRET).unwrap().timeout(Duration::from_secs(1));
+    let config = ClusterClientConfig::new(&seeds, SECRET)
+        .unwrap()
+        .per_node(|c| c.timeout(Duration::from_secs(1)));
     let cluster = ClusterClient::connect(config).await.unwrap();
     assert_eq!(cluster.nodes().len(), 3);
     let pool = cluster.create_pool(&PoolSpec::persistent()).await.unwrap();

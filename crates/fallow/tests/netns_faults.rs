@@ -662,8 +662,9 @@ fn persistent_pages_helper() {
     runtime.block_on(async {
         use fallow_client::{ClusterClient, ClusterClientConfig};
         use fallow_core::{PageKey, PoolSpec, PutOutcome};
-        let config =
-            ClusterClientConfig::new(&seeds, SECRET).unwrap().timeout(Duration::from_secs(1));
+        let config = ClusterClientConfig::new(&seeds, SECRET)
+            .unwrap()
+            .per_node(|c| c.timeout(Duration::from_secs(1)));
         let cluster = ClusterClient::connect(config).await.unwrap();
         assert_eq!(cluster.nodes().len(), 3, "{:#?}", cluster.nodes());
         let pool = cluster.create_pool(&PoolSpec::persistent()).await.unwrap();

@@ -95,8 +95,7 @@ impl Connection {
             // they decide how a node's failure shows.
             let config = ClusterClientConfig::new(addr, opts.secret.clone())
                 .map_err(|e| PagesError::Options(e.to_string()))?
-                .connections(opts.connections)
-                .name("fallow-bench");
+                .per_node(|c| c.connections(opts.connections).name("fallow-bench"));
             let client = ClusterClient::connect(config).await.map_err(|e| match e {
                 fallow_client::ClusterError::NoNodeReachable(e) => connect_failed(e),
                 other => cluster_error(other),

@@ -14,24 +14,16 @@ pub struct ClusterClientConfig {
     /// does not gossip makes the seeds themselves the cluster, without failure detection
     /// beyond this client's own.
     pub seeds: Vec<Endpoint>,
-    /// The shared cluster secret.
-    pub secret: Vec<u8>,
-    /// This client's identity on every node (its private pools there belong to it).
-    pub client_id: u128,
-    /// A name for the nodes' logs.
-    pub name: String,
-    /// Connections per node.
-    pub connections: usize,
-    /// How long a request to one node may wait for its reply. Short: a node that does not
-    /// answer in time costs misses, and is skipped until it answers a ping again.
-    pub timeout: Duration,
-    /// How long connecting to a node (and the handshake) may take.
-    pub connect_timeout: Duration,
-    /// How long a slow request to one node may take: destroying or invalidating a pool or
-    /// object walks every page of it there (hundreds of milliseconds for a few hundred
-    /// thousand pages), which must not read as a dead node. A pool's destruction holds up
-    /// the membership refresh while it waits, so this is seconds, not minutes.
-    pub slow_timeout: Duration,
+    /// How every node is reached: the secret, this client's identity on every node (its
+    /// private pools there belong to it), its name for the nodes' logs, connections per
+    /// node and the timeouts ([`ClusterClientConfig::node`] fills in each node's endpoint
+    /// and refuses a restarted node). The request timeout is short: a node that does not
+    /// answer in time costs misses, and is skipped until it answers a ping again. The
+    /// timeout of slow requests (destroying or invalidating a pool or object walks every
+    /// page of it, hundreds of milliseconds for a few hundred thousand pages) must not
+    /// read as a dead node, but a pool's destruction holds up the membership refresh while
+    /// it waits, so it is seconds, not minutes.
+    pub per_node: ClientConfig,
     /// How often the members are asked again (and unreachable nodes pinged). A failed
     /// request also triggers a refresh at once.
     pub refresh_interval: Duration,
@@ -46,39 +38,35 @@ pub struct ClusterClientConfig {
 
 impl fmt::Debug for ClusterClientConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // The secret is never printed.
+        // `ClientConfig`'s own Debug never prints the secret.
         f.debug_struct("ClusterClientConfig")
             .field("seeds", &self.seeds)
-            .field("client_id", &format_args!("{:032x}", self.client_id))
-            .field("name", &self.name)
-            .field("connections", &self.connections)
-            .field("timeout", &self.timeout)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("slow_timeout", &self.slow_timeout)
+            .field("per_node", &self.per_node)
             .field("refresh_interval", &self.refresh_interval)
             .field("repair_after", &self.repair_after)
             .field("dedup_refresh", &self.dedup_refresh)
-            .finish_non_exhaustive()
+            .finish()
     }
 }
 
 impl ClusterClientConfig {
     /// A config for the cluster reached through `seeds`: `A,B,C` or `fallow://A,B,C`, each
     /// `HOST:PORT` or `unix:PATH`. Defaults: a random client id, one connection per node,
-    /// 250 ms request and connect timeouts (5 s for slow requests), members asked every 250 ms, copies on a node
-    /// unreachable for 5 s re-created elsewhere, content summaries fetched every 10 s.
+    /// 250 ms request and connect timeouts (5 s for slow requests), members asked every
+    /// 250 ms, copies on a node unreachable for 5 s re-created elsewhere, content
+    /// summaries fetched every 10 s.
     pub fn new(seeds: &str, secret: impl Into<Vec<u8>>) -> Result<Self, ClientError> {
         let list = seeds.strip_prefix("fallow://").unwrap_or(seeds);
         let seeds = list.split(',').map(Endpoint::parse).collect::<Result<Vec<_>, _>>()?;
+        let mut per_node = ClientConfig::new("127.0.0.1:0", secret)?
+            .timeout(Duration::from_millis(250))
+            .connect_timeout(Duration::from_millis(250))
+            .slow_timeout(Duration::from_secs(5))
+            .on_restart(NodeRestart::Refuse);
+        per_node.endpoint = seeds[0].clone();
         Ok(Self {
             seeds,
-            secret: secret.into(),
-            client_id: rand::random(),
-            name: crate::config::default_name(),
-            connections: 1,
-            timeout: Duration::from_millis(250),
-            connect_timeout: Duration::from_millis(250),
-            slow_timeout: Duration::from_secs(5),
+            per_node,
             refresh_interval: Duration::from_millis(250),
             repair_after: Duration::from_secs(5),
             dedup_refresh: Some(Duration::from_secs(10)),
@@ -99,56 +87,23 @@ impl ClusterClientConfig {
         self
     }
 
-    /// Sets the number of connections per node (at least 1).
-    pub fn connections(mut self, n: usize) -> Self {
-        self.connections = n.max(1);
-        self
-    }
-
-    /// Sets the request timeout per node.
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// Sets the connect and handshake timeout.
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
     /// Sets how often members are asked again.
     pub fn refresh_interval(mut self, every: Duration) -> Self {
         self.refresh_interval = every;
         self
     }
 
-    /// Sets the client id.
-    pub fn client_id(mut self, id: u128) -> Self {
-        self.client_id = id;
-        self
-    }
-
-    /// Sets the name shown in the nodes' logs.
-    pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.name = name.into();
+    /// Changes how every node is reached (connections, timeouts, client id, name):
+    /// `config.per_node(|c| c.timeout(Duration::from_secs(1)))`.
+    pub fn per_node(mut self, change: impl FnOnce(ClientConfig) -> ClientConfig) -> Self {
+        self.per_node = change(self.per_node);
         self
     }
 
     /// The config of the [`crate::Client`] for one node: it refuses a restarted node, whose
     /// pool ids no longer mean what this client thinks.
     pub(crate) fn node(&self, endpoint: Endpoint) -> ClientConfig {
-        ClientConfig {
-            endpoint,
-            secret: self.secret.clone(),
-            client_id: self.client_id,
-            name: self.name.clone(),
-            connections: self.connections,
-            timeout: self.timeout,
-            connect_timeout: self.connect_timeout,
-            slow_timeout: self.slow_timeout,
-            on_restart: NodeRestart::Refuse,
-        }
+        ClientConfig { endpoint, on_restart: NodeRestart::Refuse, ..self.per_node.clone() }
     }
 }
 

@@ -223,7 +223,8 @@ async fn open_remote(pool: &str, secret: Vec<u8>) -> anyhow::Result<Arc<dyn Asyn
             return Ok(Arc::new(client));
         }
     }
-    let config = ClusterClientConfig::new(pool, secret)?.name("fallow-nbd").connections(2);
+    let config =
+        ClusterClientConfig::new(pool, secret)?.per_node(|c| c.name("fallow-nbd").connections(2));
     let cluster = ClusterClient::connect(config).await?;
     tracing::info!(nodes = cluster.nodes().len(), "caching in a cluster");
     Ok(Arc::new(cluster))
