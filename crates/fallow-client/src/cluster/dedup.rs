@@ -139,9 +139,9 @@ impl Inner {
         }
     }
 
-    /// The content hash and checksum of every page of a batch whose pool dedups, or an
-    /// empty list while no node's summary holds anything (then nothing is hashed).
-    /// Computed before any lock is taken.
+    /// The content hash of every page of a batch whose pool dedups, or an empty list
+    /// while no node's summary holds anything (then nothing is hashed). Computed before
+    /// any lock is taken; the checksum waits until a page is sent by hash.
     pub(crate) fn digests(&self, keys: &[PageKey], pages: &[u8]) -> Vec<Option<Digest>> {
         let scopes: Vec<DedupScope> = {
             let view = self.view.read();
@@ -165,20 +165,25 @@ impl Inner {
         digests: &[Option<Digest>],
     ) -> Result<Vec<PutOutcome>, ClientError> {
         let filter = link.content.lock().clone();
-        let held: Vec<(usize, Digest)> = digests
+        // Positions the node probably holds, with their content hashes.
+        let held: Vec<(usize, u128)> = digests
             .iter()
             .enumerate()
-            .filter_map(|(i, d)| d.filter(|d| filter.contains(d.0)).map(|d| (i, d)))
+            .filter_map(|(i, d)| d.filter(|&hash| filter.contains(hash)).map(|hash| (i, hash)))
             .collect();
         // A key repeated in the batch must end with its last page: the two requests
         // below could reorder it, so such a batch goes whole.
         if held.is_empty() || has_repeats(keys) {
             return link.client.put_many(keys, pages).await;
         }
-        let by_hash: Vec<usize> = held.iter().map(|h| h.0).collect();
+        let by_hash: Vec<usize> = held.iter().map(|&(i, _)| i).collect();
         let hash_keys: Vec<PageKey> = by_hash.iter().map(|&i| keys[i]).collect();
-        let contents: Vec<(u128, u32)> = held.iter().map(|h| h.1).collect();
-        let rest: Vec<usize> = (0..keys.len()).filter(|i| !by_hash.contains(i)).collect();
+        let page = |i: usize| &pages[i * PAGE_SIZE..(i + 1) * PAGE_SIZE];
+        let contents: Vec<(u128, u32)> =
+            held.iter().map(|&(i, hash)| (hash, checksum(page(i)))).collect();
+        let mut sent_whole = vec![true; keys.len()];
+        by_hash.iter().for_each(|&i| sent_whole[i] = false);
+        let rest: Vec<usize> = (0..keys.len()).filter(|&i| sent_whole[i]).collect();
         let (hashed, sent) = futures::future::join(
             link.client.put_hashes(&hash_keys, &contents),
             put_some(link, keys, &pages, &rest),
@@ -206,16 +211,16 @@ impl Inner {
     }
 }
 
-/// A page's content hash and CRC-32C.
-pub(crate) type Digest = (u128, u32);
+/// A page's content hash (`fallow_core::content::content_hash`).
+pub(crate) type Digest = u128;
 
-/// The digest of a page that a node could hold as a shared content: not a fill page
-/// (nodes keep those without a frame, never hashed), in a pool that dedups.
+/// The content hash of a page that a node could hold as a shared content: not a fill
+/// page (nodes keep those without a frame, never hashed), in a pool that dedups.
 fn digest(page: &[u8], scope: DedupScope) -> Option<Digest> {
     if fill_word(page).is_some() {
         return None;
     }
-    content_hash(page, scope).map(|hash| (hash, checksum(page)))
+    content_hash(page, scope)
 }
 
 /// Where a private page goes, given its rendezvous owners (one for an ephemeral page, two
@@ -228,7 +233,7 @@ pub(crate) fn prefer_holders(
     owners: [Option<Slot>; 2],
     digest: Option<Digest>,
 ) -> [Option<Slot>; 2] {
-    let Some((hash, _)) = digest else { return owners };
+    let Some(hash) = digest else { return owners };
     let holds = |slot: Slot| view.node(slot).is_some_and(|n| n.link.content.lock().contains(hash));
     let wanted = owners.iter().filter(|o| o.is_some()).count();
     let owners = owners.into_iter().flatten();
@@ -281,7 +286,7 @@ mod tests {
         let mut page = vec![7u8; PAGE_SIZE];
         page[0] = 8;
         let hash = content_hash(&page, scope).unwrap();
-        assert_eq!(digest(&page, scope), Some((hash, checksum(&page))));
+        assert_eq!(digest(&page, scope), Some(hash));
         assert_eq!(digest(&page, DedupScope::Off), None);
         assert_eq!(digest(&vec![0; PAGE_SIZE], scope), None);
     }
