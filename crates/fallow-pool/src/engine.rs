@@ -425,25 +425,27 @@ impl Inner {
             return Err(StoreError::UnknownPool(key.pool));
         }
         let mut store = self.store.write();
-        // The old page goes first, whatever happens next: a refused put must not leave an
-        // older page visible.
+        let persistent = pool.persistent();
+        let opts = InternOptions { pinned: persistent, compressible: pool.spec.compress };
+        // A put by hash takes its reference first: before the key's old page is released
+        // (the same content put again under its key must not free itself) and before
+        // anything is evicted to make room.
+        let held = match (source, digest.hash, pool.spec.dedup) {
+            (Source::Page(_), _, _) => Ok(None),
+            (Source::Held, Some(content), DedupScope::Domain(_)) => {
+                store.share(content, digest.crc, opts).map(Some).ok_or(PutFail::NotHeld)
+            }
+            (Source::Held, _, _) => Err(PutFail::NotHeld),
+        };
+        // The old page goes, whatever happens next: a refused put must not leave an older
+        // page visible.
         if let Some((id, _)) = shard.lookup(&key, hash) {
             let old = shard.remove(id);
             self.release(&mut store, &old, Some(&pool.counters));
         }
-        let persistent = pool.persistent();
-        let opts = InternOptions { pinned: persistent, compressible: pool.spec.compress };
-        // A put by hash takes its reference before anything is evicted, so that making
-        // room cannot free the very content it is about to share.
-        let held = match (source, digest.hash, pool.spec.dedup) {
-            (Source::Page(_), _, _) => None,
-            (Source::Held, Some(content), DedupScope::Domain(_)) => {
-                match store.share(content, digest.crc, opts) {
-                    Some(id) => Some(id),
-                    None => return Ok(Err(PutFail::NotHeld)),
-                }
-            }
-            (Source::Held, _, _) => return Ok(Err(PutFail::NotHeld)),
+        let held = match held {
+            Ok(held) => held,
+            Err(fail) => return Ok(Err(fail)),
         };
         let refusal = self.make_room(shard, &mut store, pool, persistent);
         if let Some(why) = refusal {

@@ -127,6 +127,22 @@ mod tests {
         engine.validate();
     }
 
+    /// The same page put again under its own key, by hash: the key's old page is its only
+    /// holder, and must not be released before the put takes its reference.
+    #[test]
+    fn a_key_put_again_by_hash_keeps_its_own_content() {
+        let engine = engine();
+        let pool = engine.create_pool(&PoolSpec::ephemeral().dedup(DOMAIN)).unwrap();
+        let (key, bytes) = (PageKey::new(pool, 3, 3), page(21));
+        assert_eq!(engine.put(key, &bytes).unwrap(), PutOutcome::Stored);
+        let again = engine.put_many_by_hash(&[key], &[digest(&bytes)]).unwrap();
+        assert_eq!(again, [HashPutOutcome::Stored]);
+        let mut out = vec![0; PAGE_SIZE];
+        assert_eq!(engine.get(key, &mut out).unwrap(), Lookup::Hit);
+        assert_eq!(out, bytes);
+        engine.validate();
+    }
+
     #[test]
     fn a_put_by_hash_respects_the_quota() {
         let engine = engine();
