@@ -8,7 +8,7 @@ mod support;
 use std::time::Duration;
 
 use fallow_client::{Client, ClusterClient, ClusterClientConfig};
-use fallow_core::content::{checksum, content_hash};
+use fallow_core::content::{checksum, content_hash, hash_key};
 use fallow_core::{
     DedupScope, HashPutOutcome, PageKey, PoolSpec, PutOutcome, TrustDomain, PAGE_SIZE,
 };
@@ -41,7 +41,7 @@ async fn a_node_serves_its_summary_and_stores_pages_by_hash() {
     let summary = client.content_summary().await.unwrap();
     assert_eq!(summary.entries(), n);
     let contents = digests(&data);
-    assert!(contents.iter().all(|(hash, _)| summary.contains(*hash)));
+    assert!(contents.iter().all(|(hash, _)| summary.contains(hash_key(*hash))));
 
     // A clone in another pool of the domain: every page by hash, no new frame.
     let frames = node.node.engine().memory().frames_used;
@@ -85,7 +85,7 @@ async fn a_summary_comes_in_pieces_sized_as_the_node_is_told() {
     assert_eq!(filter.entries(), n);
     assert!(filter.len_bytes() > 5 * 1024, "{filter:?}");
     assert_eq!(filter.hashes(), 16, "28.8 bits per entry would take 20 probes; 16 is the cap");
-    assert!(digests(&data).iter().all(|(hash, _)| filter.contains(*hash)));
+    assert!(digests(&data).iter().all(|(hash, _)| filter.contains(hash_key(*hash))));
     assert!(filter.false_positive_rate() < 2e-6, "{}", filter.false_positive_rate());
 
     // A size cap wins over the rate.

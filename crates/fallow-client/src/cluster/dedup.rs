@@ -27,7 +27,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use fallow_core::content::{checksum, content_hash, fill_word, ContentFilter};
+use fallow_core::content::{checksum, content_hash, fill_word, hash_key, ContentFilter};
 use fallow_core::{DedupScope, HashPutOutcome, NotStored, PageKey, PutOutcome, PAGE_SIZE};
 use tokio_util::sync::CancellationToken;
 
@@ -169,7 +169,9 @@ impl Inner {
         let held: Vec<(usize, u128)> = digests
             .iter()
             .enumerate()
-            .filter_map(|(i, d)| d.filter(|&hash| filter.contains(hash)).map(|hash| (i, hash)))
+            .filter_map(|(i, d)| {
+                d.filter(|&hash| filter.contains(hash_key(hash))).map(|hash| (i, hash))
+            })
             .collect();
         // A key repeated in the batch must end with its last page: the two requests
         // below could reorder it, so such a batch goes whole.
@@ -234,7 +236,9 @@ pub(crate) fn prefer_holders(
     digest: Option<Digest>,
 ) -> [Option<Slot>; 2] {
     let Some(hash) = digest else { return owners };
-    let holds = |slot: Slot| view.node(slot).is_some_and(|n| n.link.content.lock().contains(hash));
+    let holds = |slot: Slot| {
+        view.node(slot).is_some_and(|n| n.link.content.lock().contains(hash_key(hash)))
+    };
     let wanted = owners.iter().filter(|o| o.is_some()).count();
     let owners = owners.into_iter().flatten();
     let others = candidates.iter().map(|c| c.slot);

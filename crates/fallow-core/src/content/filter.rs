@@ -2,11 +2,12 @@
 //! clients (CONTENT_SUMMARY) so that they send a page's hash instead of its bytes when the
 //! node probably holds it already.
 //!
-//! The items are [`super::content_hash`] values, already uniform, so nothing is hashed
-//! again: the i-th probe of hash `h` is bit `(lo + i × (hi | 1)) mod m` (Kirsch and
-//! Mitzenmacher's double hashing), where `lo` and `hi` are the hash's low and high 64 bits
-//! and `m` the filter's size in bits. Bit `b` is bit `b mod 8` (least significant first) of
-//! byte `b / 8`. `docs/protocol.md` gives the same rule for other implementations.
+//! The items are hash keys ([`super::hash_key`]: the low 64 bits of a content hash, what a
+//! node keeps of it), already uniform, so nothing is hashed again: the i-th probe of key
+//! `k` is bit `(lo + i × hi) mod m` (Kirsch and Mitzenmacher's double hashing), where
+//! `lo = k`, `hi` is `k` rotated by 32 bits with its lowest bit set, and `m` the filter's
+//! size in bits. Bit `b` is bit `b mod 8` (least significant first) of byte `b / 8`.
+//! `docs/protocol.md` gives the same rule for other implementations.
 //!
 //! A false positive costs one extra round trip (the node answers "not held" and the client
 //! sends the page); a false negative cannot happen for content held when the filter was
@@ -86,27 +87,29 @@ impl ContentFilter {
         Ok(Self { words, hashes, entries })
     }
 
-    fn probes(&self, hash: u128) -> impl Iterator<Item = usize> {
+    fn probes(&self, key: u64) -> impl Iterator<Item = usize> {
         let bits = (self.words.len() * 64) as u64;
-        let (lo, hi) = (hash as u64, (hash >> 64) as u64 | 1);
+        let (lo, hi) = (key, key.rotate_right(32) | 1);
         (0..self.hashes as u64).map(move |i| (lo.wrapping_add(i.wrapping_mul(hi)) % bits) as usize)
     }
 
-    /// Adds a content hash. Does nothing on the empty filter.
-    pub fn insert(&mut self, hash: u128) {
+    /// Adds a content hash by its key ([`super::hash_key`]). Does nothing on the empty
+    /// filter.
+    pub fn insert(&mut self, key: u64) {
         if self.words.is_empty() {
             return;
         }
-        for bit in self.probes(hash) {
+        for bit in self.probes(key) {
             self.words[bit / 64] |= 1 << (bit % 64);
         }
         self.entries += 1;
     }
 
-    /// True when the content was probably inserted; false when it certainly was not.
-    pub fn contains(&self, hash: u128) -> bool {
+    /// True when the content with this hash key was probably inserted; false when it
+    /// certainly was not.
+    pub fn contains(&self, key: u64) -> bool {
         !self.words.is_empty()
-            && self.probes(hash).all(|bit| self.words[bit / 64] >> (bit % 64) & 1 == 1)
+            && self.probes(key).all(|bit| self.words[bit / 64] >> (bit % 64) & 1 == 1)
     }
 
     /// How many hashes were inserted.
@@ -155,15 +158,12 @@ impl ContentFilter {
 mod tests {
     use super::*;
 
-    fn hash(i: u64) -> u128 {
-        // Uniform like real content hashes: splitmix64 for each half.
-        fn mix(mut z: u64) -> u64 {
-            z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
-        }
-        (mix(i) as u128) << 64 | mix(i ^ 0xdead_beef) as u128
+    fn hash(i: u64) -> u64 {
+        // Uniform like real hash keys: splitmix64.
+        let mut z = i.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
     }
 
     #[test]
@@ -232,8 +232,9 @@ mod tests {
     #[test]
     fn probe_positions_follow_the_documented_rule() {
         let mut f = ContentFilter::from_parts(&[0; 16], 3, 0).unwrap();
-        // lo = 5, hi | 1 = 3, m = 128: bits 5, 8, 11.
-        f.insert(3u128 << 64 | 5);
+        // The key is the low 64 bits, 3 << 32 | 5: lo = 3 << 32 | 5, hi = 5 << 32 | 3;
+        // m = 128 divides 2⁶⁴, so bit i is (5 + 3 i) mod 128: bits 5, 8, 11.
+        f.insert(super::super::hash_key(7u128 << 64 | 3 << 32 | 5));
         assert_eq!(f.bytes(0, 16), [0x20, 0x09, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
     }
 }

@@ -3,8 +3,10 @@
 //!
 //! ```text
 //!  index: HashTable<SlotId>  ──hash(key)──▶  slots[id] { index, value, object ref, prev, next }
-//!                                                         │
-//!  objects: (pool, object) ◀──────────────────────────────┘   head ──▶ slot ⇄ slot ⇄ …
+//!                                                                 │        │
+//!  fills: fill id ──▶ word ◀──────────────────────────────────────┘        │
+//!  objects: (pool, object, persistent) ◀───────────────────────────────────┘
+//!           head ──▶ slot ⇄ slot ⇄ …
 //! ```
 //!
 //! The index is an open-addressing table of slot ids (5 bytes a bucket) hashed by the
@@ -12,11 +14,14 @@
 //! the object table (pool and object, shared by all of an object's pages). Each object's
 //! pages form a doubly linked list through their slots, so invalidating an object walks
 //! exactly its pages, and invalidating a pool walks its objects. Slots are dense ids,
-//! reused, so that policies can keep their per-page state in flat arrays.
+//! reused, so that policies can keep their per-page state in flat arrays. A slot is 24
+//! bytes: whatever can be shared is kept once elsewhere (the pool, object and kind in the
+//! object table, fill words in the fill table).
 //!
 //! # Locking
 //! Each shard sits in its own mutex in the engine; every method here runs with it held.
 
+mod fills;
 mod objects;
 
 use fallow_core::{ObjectId, PageKey, PoolId};
@@ -24,6 +29,7 @@ use hashbrown::HashTable;
 
 use crate::eviction::{Eviction, SlotId};
 use crate::store::ContentId;
+use fills::Fills;
 use objects::{ObjectRef, Objects, NIL};
 
 /// A well-mixed hash of a key: its high bits pick the shard, all of it feeds the index and
@@ -56,46 +62,27 @@ pub struct Slot {
     pub persistent: bool,
 }
 
-/// A [`Slot`] as stored: 32 bytes. The pool and object live in the object table; the value's
-/// kind and the persistence flag share the tag byte.
-#[derive(Debug, Clone, Copy, Default)]
+/// A [`Slot`] as stored: 24 bytes. The pool, object and persistence live in the object
+/// table, a fill word in the fill table.
+#[derive(Debug, Clone, Copy)]
 struct Packed {
     index: u64,
-    /// The fill word, or the content id.
-    word: u64,
+    /// A content id, or `FILL | fill id`.
+    value: u32,
+    /// `NIL` marks a free slot.
     object: ObjectRef,
     /// The neighbours in the object's page list.
     prev: SlotId,
     next: SlotId,
-    /// `TAG_FREE`, `TAG_FILL` or `TAG_CONTENT`, plus `PERSISTENT`.
-    tag: u8,
 }
 
-const TAG_FREE: u8 = 0;
-const TAG_FILL: u8 = 1;
-const TAG_CONTENT: u8 = 2;
-const TAG_KIND: u8 = 3;
-const PERSISTENT: u8 = 0x80;
+/// The bit of `Packed::value` that makes it a fill id. Content ids stay below it
+/// ([`crate::store::MAX_CONTENTS`]).
+const FILL: u32 = 1 << 31;
 
 impl Packed {
-    fn new(slot: &Slot, object: ObjectRef) -> Self {
-        let (word, kind) = match slot.value {
-            Value::Fill(w) => (w, TAG_FILL),
-            Value::Content(id) => (u64::from(id), TAG_CONTENT),
-        };
-        let tag = kind | if slot.persistent { PERSISTENT } else { 0 };
-        Self { index: slot.key.index, word, object, prev: NIL, next: NIL, tag }
-    }
-
     fn is_free(&self) -> bool {
-        self.tag & TAG_KIND == TAG_FREE
-    }
-
-    fn value(&self) -> Value {
-        match self.tag & TAG_KIND {
-            TAG_FILL => Value::Fill(self.word),
-            _ => Value::Content(self.word as ContentId),
-        }
+        self.object == NIL
     }
 }
 
@@ -105,6 +92,7 @@ pub struct Shard {
     slots: Vec<Packed>,
     free_slots: Vec<SlotId>,
     objects: Objects,
+    fills: Fills,
     policy: Box<dyn Eviction>,
 }
 
@@ -123,6 +111,7 @@ impl Shard {
             slots: Vec::new(),
             free_slots: Vec::new(),
             objects: Objects::default(),
+            fills: Fills::default(),
             policy,
         }
     }
@@ -149,11 +138,12 @@ impl Shard {
     fn slot(&self, id: SlotId) -> Slot {
         let s = &self.slots[id as usize];
         debug_assert!(!s.is_free(), "slot {id} is free");
-        Slot {
-            key: key_of(&self.slots, &self.objects, id),
-            value: s.value(),
-            persistent: s.tag & PERSISTENT != 0,
-        }
+        let o = self.objects.get(s.object);
+        let value = match s.value & FILL {
+            0 => Value::Content(s.value),
+            _ => Value::Fill(self.fills.word(s.value & !FILL)),
+        };
+        Slot { key: PageKey::new(o.pool, o.object, s.index), value, persistent: o.persistent }
     }
 
     /// The slot holding `key`, whose [`key_hash`] is `hash`, if any.
@@ -171,9 +161,10 @@ impl Shard {
 
     /// Records a hit on an ephemeral page.
     pub fn touch(&mut self, id: SlotId, hash: u64) {
-        // Read the tag alone: a hit is the hot path, and unpacking the whole slot is not needed.
-        let tag = self.slots[id as usize].tag;
-        if tag & TAG_KIND != TAG_FREE && tag & PERSISTENT == 0 {
+        // Read the object alone: a hit is the hot path, and unpacking the whole slot is not
+        // needed (its object entry was just read by the lookup).
+        let object = self.slots[id as usize].object;
+        if object != NIL && !self.objects.get(object).persistent {
             self.policy.touch(id, hash);
         }
     }
@@ -182,8 +173,15 @@ impl Shard {
     /// its [`key_hash`].
     pub fn insert(&mut self, slot: Slot, hash: u64) -> SlotId {
         debug_assert_eq!(hash, key_hash(&slot.key));
-        let object = self.objects.find_or_add(slot.key.pool, slot.key.object);
-        let packed = Packed::new(&slot, object);
+        let object = self.objects.find_or_add(slot.key.pool, slot.key.object, slot.persistent);
+        let value = match slot.value {
+            Value::Fill(word) => FILL | self.fills.add(word),
+            Value::Content(id) => {
+                debug_assert!(id & FILL == 0, "content id {id} over the limit");
+                id
+            }
+        };
+        let packed = Packed { index: slot.key.index, value, object, prev: NIL, next: NIL };
         let id = match self.free_slots.pop() {
             Some(id) => {
                 self.slots[id as usize] = packed;
@@ -243,7 +241,11 @@ impl Shard {
         let found = self.index.find_entry(key_hash(&slot.key), |&x| x == id);
         found.expect("a live slot is indexed").remove();
         self.unlink(id);
-        self.slots[id as usize].tag = TAG_FREE;
+        let s = &mut self.slots[id as usize];
+        if s.value & FILL != 0 {
+            self.fills.release(s.value & !FILL);
+        }
+        s.object = NIL;
         self.free_slots.push(id);
         slot
     }
@@ -309,6 +311,7 @@ impl Shard {
             + self.slots.capacity() * size_of::<Packed>()
             + self.free_slots.capacity() * size_of::<SlotId>()
             + self.objects.heap_bytes()
+            + self.fills.heap_bytes()
             + self.policy.heap_bytes()
     }
 
@@ -316,8 +319,13 @@ impl Shard {
     pub fn validate(&self) {
         let mut ephemeral = 0;
         let mut live = 0;
+        let mut fills = std::collections::HashMap::new();
         for (id, slot) in self.slots() {
             live += 1;
+            let value = self.slots[id as usize].value;
+            if value & FILL != 0 {
+                *fills.entry(value & !FILL).or_insert(0) += 1;
+            }
             let hash = key_hash(&slot.key);
             assert_eq!(self.lookup(&slot.key, hash).map(|(i, _)| i), Some(id), "{:?}", slot.key);
             if !slot.persistent {
@@ -327,6 +335,7 @@ impl Shard {
         assert_eq!(live, self.index.len(), "index and slots disagree");
         assert_eq!(live + self.free_slots.len(), self.slots.len(), "slot free list drifted");
         self.objects.validate();
+        self.fills.validate(&fills);
         let mut listed = 0;
         for (r, o) in self.objects.live() {
             let mut prev = NIL;
@@ -360,12 +369,12 @@ mod tests {
     }
 
     #[test]
-    fn a_stored_slot_takes_32_bytes_and_round_trips() {
-        assert_eq!(std::mem::size_of::<Packed>(), 32);
+    fn a_stored_slot_takes_24_bytes_and_round_trips() {
+        assert_eq!(std::mem::size_of::<Packed>(), 24);
         let mut shard = Shard::new(Box::new(Lru::new()));
         let key = PageKey::new(PoolId(7), u64::MAX, 3);
         for (value, persistent) in
-            [(Value::Fill(u64::MAX), true), (Value::Content(ContentId::MAX), false)]
+            [(Value::Fill(u64::MAX), true), (Value::Content(FILL - 1), false)]
         {
             let hash = key_hash(&key);
             let id = shard.insert(Slot { key, value, persistent }, hash);

@@ -27,6 +27,9 @@ pub struct Object {
     pub head: u32,
     /// Pages in its list (0 for a free entry).
     pub pages: u32,
+    /// Its pool is persistent (its pages are never evicted). Kept here rather than in each
+    /// slot: every page of an object shares its pool, hence its kind.
+    pub persistent: bool,
 }
 
 /// The object table of one shard.
@@ -68,8 +71,9 @@ impl Objects {
             .copied()
     }
 
-    /// The id of `(pool, object)`, made if it has none yet (with an empty list).
-    pub fn find_or_add(&mut self, pool: PoolId, object: ObjectId) -> ObjectRef {
+    /// The id of `(pool, object)`, made if it has none yet (with an empty list), for a
+    /// pool that is `persistent` or not.
+    pub fn find_or_add(&mut self, pool: PoolId, object: ObjectId, persistent: bool) -> ObjectRef {
         let Objects { entries, free, by_key } = self;
         let eq = |&r: &ObjectRef| {
             let e = &entries[r as usize];
@@ -80,9 +84,12 @@ impl Objects {
             object_hash(e.pool, e.object)
         };
         match by_key.entry(object_hash(pool, object), eq, rehash) {
-            Entry::Occupied(found) => *found.get(),
+            Entry::Occupied(found) => {
+                debug_assert_eq!(entries[*found.get() as usize].persistent, persistent);
+                *found.get()
+            }
             Entry::Vacant(slot) => {
-                let fresh = Object { object, pool, head: NIL, pages: 0 };
+                let fresh = Object { object, pool, head: NIL, pages: 0, persistent };
                 let r = match free.pop() {
                     Some(r) => {
                         entries[r as usize] = fresh;
@@ -149,15 +156,16 @@ mod tests {
     #[test]
     fn ids_are_found_again_and_reused_after_removal() {
         let mut t = Objects::default();
-        let a = t.find_or_add(PoolId(1), 7);
-        let b = t.find_or_add(PoolId(2), 7);
+        let a = t.find_or_add(PoolId(1), 7, false);
+        let b = t.find_or_add(PoolId(2), 7, true);
         assert_ne!(a, b, "same object number in two pools");
-        assert_eq!(t.find_or_add(PoolId(1), 7), a);
+        assert_eq!(t.find_or_add(PoolId(1), 7, false), a);
+        assert!(t.get(b).persistent && !t.get(a).persistent);
         assert_eq!(t.find(PoolId(1), 7), Some(a));
         assert_eq!(t.find(PoolId(1), 8), None);
         t.remove(a);
         assert_eq!(t.find(PoolId(1), 7), None);
-        let c = t.find_or_add(PoolId(3), 9);
+        let c = t.find_or_add(PoolId(3), 9, false);
         assert_eq!(c, a, "a freed id is reused");
         assert_eq!(t.find(PoolId(2), 7), Some(b));
     }

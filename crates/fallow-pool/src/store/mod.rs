@@ -27,20 +27,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use fallow_core::PAGE_SIZE;
 
 use crate::arena::{Arena, ArenaFull, FrameId, FRAMES_PER_SEGMENT};
-use crate::content::Digest;
+use crate::content::{hash_key, Digest};
 
 mod shrink;
 
 pub use shrink::ShrinkReport;
 
 /// Content ids, found by their content's hash: the table stores 4 bytes per entry, the
-/// hash itself lives in the content (its low word is the table's hash).
+/// hash itself lives in the content (its key, below, is the table's hash).
 type DedupTable = hashbrown::HashTable<ContentId>;
-
-/// A 128-bit content hash as the two words a [`Content`] stores.
-fn split(hash: u128) -> [u64; 2] {
-    [hash as u64, (hash >> 64) as u64]
-}
 
 /// A stored page's bytes, shared by every index entry with the same content.
 pub type ContentId = u32;
@@ -56,7 +51,7 @@ enum Place {
 }
 
 /// A [`Place`] in 32 bits: a frame id, or one of two markers above every frame id (the
-/// arena stops segment numbers short of them). Keeps a [`Content`] at 32 bytes.
+/// arena stops segment numbers short of them). Keeps a [`Content`] at 24 bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct PackedPlace(u32);
 
@@ -89,8 +84,11 @@ const COMPRESSIBLE: u8 = 2; // its first pool asked for background compression
 const HASHED: u8 = 8; // `hash` is valid and (maybe) in the dedup table
 
 struct Content {
-    /// The dedup hash as two words: a `u128` field would align the struct to 16 bytes.
-    hash: [u64; 2],
+    /// The dedup hash's key (`hash_key`: its low 64 bits), valid when `HASHED` is set. Two
+    /// different pages agree on it with probability 2⁻⁶⁴; [`Store::intern`] compares the
+    /// bytes before sharing anyway, and [`Store::share`], which has no bytes, also compares
+    /// the CRC-32C. Keeping 8 bytes of the hash instead of 16 is a quarter of a content.
+    hash: u64,
     place: PackedPlace,
     refs: u32,
     crc: u32,
@@ -183,10 +181,9 @@ impl Store {
         digest: Digest,
         opts: InternOptions,
     ) -> Result<ContentId, ArenaFull> {
-        if let Some(hash) = digest.hash {
+        if let Some(hash) = digest.hash.map(hash_key) {
             let contents = &self.contents;
-            let found =
-                self.dedup.find(hash as u64, |&id| contents[id as usize].hash == split(hash));
+            let found = self.dedup.find(hash, |&id| contents[id as usize].hash == hash);
             if let Some(&id) = found {
                 if self.same_bytes(id, page) {
                     self.contents[id as usize].refs += 1;
@@ -204,7 +201,7 @@ impl Store {
             flags |= COMPRESSIBLE;
         }
         let mut content = Content {
-            hash: [0; 2],
+            hash: 0,
             place: PackedPlace::new(Place::Frame(frame)),
             refs: 1,
             crc: digest.crc,
@@ -212,7 +209,7 @@ impl Store {
             accessed: AtomicBool::new(opts.compressible),
         };
         if let Some(hash) = digest.hash {
-            content.hash = split(hash);
+            content.hash = hash_key(hash);
             content.flags |= HASHED;
         }
         let id = match self.free_contents.pop() {
@@ -225,23 +222,22 @@ impl Store {
                 (self.contents.len() - 1) as ContentId
             }
         };
-        if let Some(hash) = digest.hash {
+        if let Some(key) = digest.hash.map(hash_key) {
             // A hash collision with different bytes keeps the first content in the table
             // and the new one is simply not shared, unless the first has lost its bytes.
-            let key = split(hash);
             let contents = &self.contents;
-            let current = self.dedup.find(hash as u64, |&id| contents[id as usize].hash == key);
+            let current = self.dedup.find(key, |&id| contents[id as usize].hash == key);
             match current.copied() {
                 None => {
                     let contents = &self.contents;
-                    self.dedup.insert_unique(hash as u64, id, |&i| contents[i as usize].hash[0]);
+                    self.dedup.insert_unique(key, id, |&i| contents[i as usize].hash);
                 }
                 Some(old) if !self.is_live(old) => {
                     // The old content keeps its HASHED flag but is no longer the entry, so
                     // its release will not remove ours.
                     let contents = &self.contents;
                     if let Some(slot) =
-                        self.dedup.find_mut(hash as u64, |&i| contents[i as usize].hash == key)
+                        self.dedup.find_mut(key, |&i| contents[i as usize].hash == key)
                     {
                         *slot = id;
                     }
@@ -257,12 +253,14 @@ impl Store {
     }
 
     /// Shares the live content with this hash and checksum, as [`Store::intern`] would if
-    /// it had the bytes: for a put by hash, whose bytes stayed with the client. The
-    /// checksum must match too: a client's hash that collides with another page's (or a
-    /// wrong one) gets `None` unless the CRC-32C collides as well.
+    /// it had the bytes: for a put by hash, whose bytes stayed with the client. What is
+    /// compared is the hash's key (its low 64 bits) and the CRC-32C, 96 bits in all: a
+    /// client's hash that matches another page's key (or a wrong one) gets `None` unless
+    /// the CRC-32C matches as well.
     pub fn share(&mut self, hash: u128, crc: u32, opts: InternOptions) -> Option<ContentId> {
+        let key = hash_key(hash);
         let contents = &self.contents;
-        let id = *self.dedup.find(hash as u64, |&id| contents[id as usize].hash == split(hash))?;
+        let id = *self.dedup.find(key, |&id| contents[id as usize].hash == key)?;
         if !self.is_live(id) || self.contents[id as usize].crc != crc {
             return None;
         }
@@ -273,20 +271,21 @@ impl Store {
         Some(id)
     }
 
-    /// Calls `visit` with the hash of every live, shareable content among the next `max`
-    /// content slots from `from`; returns where to go on, or `None` at the end. Lets a
-    /// caller walk every hash in steps, taking the store lock once per step.
+    /// Calls `visit` with the hash key (the low 64 bits of the content hash) of every live,
+    /// shareable content among the next `max` content slots from `from`; returns where to
+    /// go on, or `None` at the end. Lets a caller walk every hash in steps, taking the
+    /// store lock once per step.
     pub fn visit_hashes(
         &self,
         from: usize,
         max: usize,
-        visit: &mut impl FnMut(u128),
+        visit: &mut impl FnMut(u64),
     ) -> Option<usize> {
         let end = from.saturating_add(max).min(self.contents.len());
         for id in from..end {
             let c = &self.contents[id];
             if c.flags & HASHED != 0 && c.refs > 0 && self.is_live(id as ContentId) {
-                visit(c.hash[0] as u128 | (c.hash[1] as u128) << 64);
+                visit(c.hash);
             }
         }
         (end < self.contents.len()).then_some(end)
@@ -361,7 +360,7 @@ impl Store {
         let place = std::mem::replace(&mut c.place, PackedPlace::new(Place::Dead)).get();
         if c.flags & HASHED != 0 {
             c.flags &= !HASHED;
-            if let Ok(entry) = self.dedup.find_entry(c.hash[0], |&i| i == id) {
+            if let Ok(entry) = self.dedup.find_entry(c.hash, |&i| i == id) {
                 entry.remove();
             }
         }
@@ -528,7 +527,7 @@ impl Store {
             let c = &self.contents[id as usize];
             assert!(c.refs > 0 && c.flags & HASHED != 0, "stale dedup entry {id}");
             assert!(hashes.insert(c.hash), "two dedup entries for one hash");
-            let found = self.dedup.find(c.hash[0], |&o| self.contents[o as usize].hash == c.hash);
+            let found = self.dedup.find(c.hash, |&o| self.contents[o as usize].hash == c.hash);
             assert_eq!(found, Some(&id), "dedup entry {id} cannot be found by its hash");
         }
         assert_eq!(pinned, self.pinned, "pinned frame counts per segment drifted");
@@ -576,8 +575,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_content_takes_32_bytes() {
-        assert_eq!(std::mem::size_of::<Content>(), 32);
+    fn a_content_takes_24_bytes() {
+        assert_eq!(std::mem::size_of::<Content>(), 24);
     }
 
     #[test]
