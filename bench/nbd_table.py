@@ -22,8 +22,10 @@ PAIRS = [
     ("f1_in", "mem", "fallow, all hits (working set inside the cache) / nbdkit memory"),
     ("f1_in", "store1", "fallow over the 1 ms store, working set inside the cache / the 1 ms store"),
     ("proxy1", "store1", "nbdkit's nbd plugin (a plain proxy) over the 1 ms store / the 1 ms store"),
+    ("relay1", "store1", "a plain TCP relay (no NBD work) over the 1 ms store / the 1 ms store"),
     ("f1_x2", "store1", "fallow over the 1 ms store, working set 2 x the cache / the 1 ms store"),
     ("f1_empty", "store1", "fallow over the 1 ms store, no cache / the 1 ms store"),
+    ("f1_empty", "relay1", "fallow over the 1 ms store, no cache / the plain TCP relay over it"),
     ("f5_in", "store5", "fallow over the 5 ms store, working set inside the cache / the 5 ms store"),
     ("f5_x2", "store5", "fallow over the 5 ms store, working set 2 x the cache / the 5 ms store"),
     ("f5_empty", "store5", "fallow over the 5 ms store, no cache / the 5 ms store"),
@@ -31,7 +33,7 @@ PAIRS = [
     ("f1_c", "store1", "fallow over the 1 ms store, working set 1 x the cache / the 1 ms store"),
     ("f1_x4", "store1", "fallow over the 1 ms store, working set 4 x the cache / the 1 ms store"),
 ]
-ORDER = ["mem", "store1", "proxy1", "store5", "f1_q", "f1_in", "f1_c", "f1_x2", "f1_x4", "f1_empty",
+ORDER = ["mem", "store1", "proxy1", "relay1", "store5", "f1_q", "f1_in", "f1_c", "f1_x2", "f1_x4", "f1_empty",
          "f5_in", "f5_x2", "f5_empty"]
 BUSY = 0.3  # CPUs kept busy by other work above which a run is flagged
 
@@ -205,7 +207,7 @@ def table(results_path, meta_path):
         if not (by.get((cfg, 1)) or by.get((cfg, 16))):
             continue
         hit = [stat(cfg, q, "hit_ratio") for q in (1, 16)]
-        hit_s = "–" if cfg in ("mem", "store1", "store5", "proxy1") else " / ".join(
+        hit_s = "–" if cfg in ("mem", "store1", "store5", "proxy1", "relay1") else " / ".join(
             "–" if h is None else f"{h:.3f}" for h in hit)
         p(f"| `{cfg}`: {label[cfg]} | {ws[cfg]} MiB | {f_int(stat(cfg, 1, 'iops'))} | "
           f"{f_us(stat(cfg, 1, 'lat_p50_us'))} / {f_us(stat(cfg, 1, 'lat_p99_us'))} | "
@@ -276,6 +278,14 @@ def table(results_path, meta_path):
             txt += (f"nbdkit's own nbd plugin, a plain proxy, costs {px - st:.0f} µs per read "
                     f"and reaches {f_r(ratio('proxy1', 'store1', 16, 'iops'))} × the store "
                     f"alone at QD 16 ({f_r(ratio('proxy1', 'store1', 1, 'iops'))} × at QD 1). ")
+        rl = stat("relay1", 16, "cpu_us_per_read")
+        if rl is not None:
+            txt += (f"A plain TCP relay, which copies bytes and does no NBD work at all, costs "
+                    f"{rl - st:.0f} µs per read and reaches "
+                    f"{f_r(ratio('relay1', 'store1', 16, 'iops'))} × the store alone at QD 16 "
+                    f"({f_r(ratio('relay1', 'store1', 1, 'iops'))} × at QD 1): what the extra "
+                    "hop alone costs on this machine, the floor for anything in front of the "
+                    "store. ")
         txt += ("The client, the servers and the store share 2 vCPUs, so CPU per read "
                 "is what bounds QD 16 here.")
         p(txt)
@@ -347,6 +357,11 @@ def table(results_path, meta_path):
                 empty.append((cfg, base, q, x))
     if empty:
         txt = "; ".join(f"`{c}` / `{b}` QD {q}: {x:.2f}" for c, b, q, x in empty)
+        floor = [(q, ratio("relay1", "store1", q, "iops")) for q in (1, 16)]
+        floor = [(q, x) for q, x in floor if x is not None]
+        if floor:
+            txt += " (a plain TCP relay, `relay1` / `store1`: " + "; ".join(
+                f"QD {q} {x:.2f}" for q, x in floor) + ")"
         p(f"| no cache: ≥ 0.98 × the store alone | {txt} | "
           f"{yes(all(x >= 0.98 for *_, x in empty))} |")
     p("")

@@ -4,6 +4,8 @@
 #   * `nbdkit memory` (the ceiling);
 #   * nbdkit memory behind the delay filter at 1 ms and at 5 ms (the backing store alone);
 #   * nbdkit's nbd plugin over the 1 ms store (what a plain pass-through proxy costs);
+#   * a plain TCP relay over the 1 ms store (`fallow bench delay-proxy --delay 0`: bytes
+#     copied from one socket to the other, no NBD work), what the extra hop alone costs;
 #   * `fallow nbd` over that same delayed store, with the working set inside its cache
 #     (half of it), at twice its cache, and with no cache at all (`--pool none
 #     --local-tier 0`, the "empty pool");
@@ -205,7 +207,7 @@ wait_nbd() { # URI: until an NBD server answers there (10 s at most)
 }
 
 # --- the reference servers ----------------------------------------------------------------------
-read -r p_mem p_d1 p_d5 p_px <<<"$(free_ports 4)"
+read -r p_mem p_d1 p_d5 p_px p_rl <<<"$(free_ports 5)"
 start_nbdkit() { # PORT NAME ARGS...
     local port=$1 name=$2; shift 2
     nbdkit -f -i 127.0.0.1 -p "$port" --exit-with-parent "$@" 2>"$work/$name.err" &
@@ -257,14 +259,14 @@ twins() { # CONFIGS... -> each, followed by its variants if it is a fallow confi
 # --- the reference servers (those the chosen configurations need) ------------------------------
 needs() { # PATTERN: some chosen configuration matches
     local c
-    for c in mem store1 store5 proxy1 "${fallow_names[@]}"; do
+    for c in mem store1 store5 proxy1 relay1 "${fallow_names[@]}"; do
         selected "${c%%+*}" && [[ $c == $1 ]] && return 0
     done
     return 1
 }
 log "starting the stores the chosen configurations need (${export_mib} MiB each, filled with random data)"
 needs mem && start_nbdkit "$p_mem" mem memory "${export_mib}M"
-needs "@(store1|proxy1|f1_*)" && start_nbdkit "$p_d1" d1 --filter=delay memory "${export_mib}M" rdelay=1ms wdelay=1ms
+needs "@(store1|proxy1|relay1|f1_*)" && start_nbdkit "$p_d1" d1 --filter=delay memory "${export_mib}M" rdelay=1ms wdelay=1ms
 needs "@(store5|f5_*)" && start_nbdkit "$p_d5" d5 --filter=delay memory "${export_mib}M" rdelay=5ms wdelay=5ms
 # what a plain pass-through proxy costs: nbdkit's nbd plugin in front of the 1 ms store
 if needs proxy1; then
@@ -272,6 +274,14 @@ if needs proxy1; then
     pids+=($!)
     pid_px=$!
     wait_nbd "nbd://127.0.0.1:$p_px/"
+fi
+# what the hop alone costs: a TCP relay that copies bytes and does no NBD work
+if needs relay1; then
+    "$fallow" bench delay-proxy --listen "127.0.0.1:$p_rl" --to "127.0.0.1:$p_d1" --delay 0 \
+        2>"$work/rl.err" &
+    pids+=($!)
+    pid_rl=$!
+    wait_nbd "nbd://127.0.0.1:$p_rl/"
 fi
 
 
@@ -347,6 +357,9 @@ run() { # CONFIG ROUND QD
         proxy1) uri="nbd://127.0.0.1:$p_px/"; ws=$ws_h; server_pids="$pid_px $pid_d1"
                 label="nbdkit nbd plugin (a plain proxy) over the 1 ms store"
                 cmd="nbdkit -f -i 127.0.0.1 -p PORT nbd uri=nbd://127.0.0.1:PORT_1MS/" ;;
+        relay1) uri="nbd://127.0.0.1:$p_rl/"; ws=$ws_h; server_pids="$pid_rl $pid_d1"
+                label="a plain TCP relay (no NBD work) over the 1 ms store"
+                cmd="fallow bench delay-proxy --listen 127.0.0.1:PORT --to 127.0.0.1:PORT_1MS --delay 0" ;;
         *) uri="nbd://127.0.0.1:${f_port[$cfg]}/d"; ws=${f_ws[$cfg]}; label=${f_label[$cfg]}
            mport=${f_mport[$cfg]}
            cmd="$(fallow_cmd "$cfg" | sed "s|127.0.0.1:$p_d1/|127.0.0.1:PORT_1MS/|; s|127.0.0.1:$p_d5/|127.0.0.1:PORT_5MS/|") --listen 127.0.0.1:PORT"
@@ -398,7 +411,7 @@ measure() { # URI QD WS MPORT SERVER_PIDS FIELDS... -> one JSON line
 }
 
 # --- the rounds ---------------------------------------------------------------------------------
-mapfile -t group_1ms < <(twins mem store1 proxy1 f1_in f1_x2 f1_empty)
+mapfile -t group_1ms < <(twins mem store1 proxy1 relay1 f1_in f1_x2 f1_empty)
 mapfile -t group_5ms < <(twins store5 f5_in f5_x2 f5_empty)
 mapfile -t group_plot < <(twins f1_q f1_c f1_x4)
 rotate() { # R ITEMS... -> the items rotated left by R

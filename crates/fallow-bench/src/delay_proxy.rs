@@ -126,7 +126,12 @@ async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, delay: Duration) 
     };
     let writer = async move {
         while let Some((due, chunk)) = queue.recv().await {
-            tokio::time::sleep_until(due).await;
+            // The timer wheel rounds a sleep up to its next millisecond tick, even one that
+            // is already due: sleeping only when there is time left keeps `--delay 0` a
+            // plain relay instead of one that adds ~1 ms to every chunk.
+            if due > Instant::now() {
+                tokio::time::sleep_until(due).await;
+            }
             to.write_all(&chunk).await?;
         }
         to.shutdown().await
