@@ -30,6 +30,7 @@ use crate::pools::{PoolCounters, PoolState, PoolTable};
 use crate::shard::{key_hash, Shard, Slot, Value};
 use crate::stats::{BudgetReport, EngineStats, MemoryUsage, PoolStats};
 use crate::store::{InternOptions, Read, ShrinkReport, Store};
+use crate::sweep::{SweepReport, SweepState};
 
 /// Segments released per store-lock hold when shrinking: one extent, so that a step
 /// usually empties one mapping (one `munmap`, after the lock). Bounds how long a get can
@@ -46,16 +47,18 @@ pub struct Engine {
 
 pub(crate) struct Inner {
     /// The pool table (see `pools.rs` for its lock rules).
-    pools: RwLock<PoolTable>,
+    pub(crate) pools: RwLock<PoolTable>,
     /// Index shards, chosen by the high bits of the key hash. `parking_lot` mutexes: each is
     /// held for one index operation and never across blocking work.
-    shards: Box<[Mutex<Shard>]>,
+    pub(crate) shards: Box<[Mutex<Shard>]>,
     /// Page bytes, checksums, dedup table. Taken after a shard lock: for reading by a get's
     /// copy out of a frame (several at once), for writing by everything that changes the
     /// store (a put's copy in, a release, a compression pass, a shrink step).
     pub(crate) store: RwLock<Store>,
     /// The most index entries one shard may hold.
     entries_per_shard: AtomicUsize,
+    /// The background removal of dropped pages' index entries (`sweep.rs`).
+    pub(crate) sweep: SweepState,
     config: EngineConfig,
 }
 
@@ -128,6 +131,7 @@ impl Engine {
             shards,
             store: RwLock::new(Store::new(config.budget_bytes)),
             entries_per_shard: AtomicUsize::new(per_shard * config.entries_per_frame),
+            sweep: SweepState::default(),
             config,
         });
         let compressor = inner
@@ -185,6 +189,11 @@ impl Engine {
             }
         }
         let elapsed = start.elapsed();
+        // The index entries of the pages just dropped go in the background, not when each
+        // is next read: until then they would count as pages and keep their metadata.
+        if shrink.contents_dropped > 0 {
+            self.inner.request_sweep();
+        }
         let frames = budget_bytes / PAGE_SIZE;
         let per_shard = frames.div_ceil(self.inner.shards.len()).max(1);
         self.inner
@@ -202,6 +211,14 @@ impl Engine {
         }
         tracing::info!(budget_bytes, ?shrink, ?elapsed, ?longest_hold, "lent budget changed");
         BudgetReport { shrink, elapsed, longest_hold }
+    }
+
+    /// Removes, now, the index entries of pages whose bytes are gone (dropped by a shrink,
+    /// or found corrupt through another key). `set_budget` starts the same sweep on a
+    /// thread of its own after every shrink that dropped pages, and a read removes such an
+    /// entry when it finds one; this is for callers that want it done before they go on.
+    pub fn sweep_dropped(&self) -> SweepReport {
+        self.inner.sweep_dropped()
     }
 
     /// Compresses up to `max` cold pages of pools with compression on, now. Returns how
@@ -269,7 +286,7 @@ impl Inner {
 
     /// Forgets a removed slot's page: drops its content reference and its pool's count.
     /// `counters` is `None` only when the pool is being destroyed: nobody reads them then.
-    fn release(&self, store: &mut Store, slot: &Slot, counters: Option<&PoolCounters>) {
+    pub(crate) fn release(&self, store: &mut Store, slot: &Slot, counters: Option<&PoolCounters>) {
         if let Value::Content(id) = slot.value {
             store.release(id);
         }

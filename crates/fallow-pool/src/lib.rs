@@ -43,9 +43,11 @@ mod shard;
 mod stats;
 mod store;
 mod summary;
+mod sweep;
 
 pub use arena::{FRAMES_PER_SEGMENT, SEGMENT_BYTES};
 pub use config::{ConfigError, EngineBuilder, EngineConfig, MAX_BUDGET_BYTES};
 pub use engine::Engine;
 pub use stats::{BudgetReport, EngineStats, MemoryUsage, PoolStats};
 pub use store::ShrinkReport;
+pub use sweep::SweepReport;

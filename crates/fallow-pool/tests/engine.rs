@@ -265,6 +265,54 @@ fn shrinking_returns_segments_and_keeps_every_persistent_page() {
     e.validate();
 }
 
+/// Issue #2: the pages a shrink dropped left their index entries behind until each was read
+/// again, so the stats still counted them (and their metadata stayed) after a give-back.
+#[test]
+fn issue_2_a_shrink_removes_the_index_entries_of_the_pages_it_dropped() {
+    let seg_pages = SEGMENT_BYTES / PAGE_SIZE;
+    let e = engine(8 * seg_pages);
+    let pool = e.create_pool(&PoolSpec::ephemeral()).unwrap();
+    let n = 8 * seg_pages as u64;
+    for i in 0..n {
+        assert_eq!(e.put(PageKey::new(pool, i % 7, i), &page(i)).unwrap(), PutOutcome::Stored);
+    }
+    let report = e.set_budget(2 * SEGMENT_BYTES);
+    let dropped = report.shrink.contents_dropped;
+    assert!(dropped >= 6 * seg_pages, "{dropped} pages dropped");
+    // The background sweep has started; this one finishes whatever it has not done yet.
+    let swept = e.sweep_dropped();
+    assert!(swept.entries_removed <= dropped);
+    let stats = e.stats();
+    assert_eq!(stats.pages, n - dropped as u64, "the stats count only pages still held");
+    assert_eq!(stats.pools[0].evictions, dropped as u64, "dropped pages count as evicted");
+    e.validate();
+    // What the stats count is exactly what reads back.
+    let held = (0..n).filter(|&i| get(&e, PageKey::new(pool, i % 7, i)).is_some()).count();
+    assert_eq!(held as u64, stats.pages);
+    assert_eq!(e.stats().pools[0].evictions, dropped as u64, "no entry was left to find");
+}
+
+/// The sweep after a shrink runs on its own: without anyone calling `sweep_dropped`, the
+/// stats soon count only the pages still held.
+#[test]
+fn the_entries_of_dropped_pages_go_in_the_background() {
+    let seg_pages = SEGMENT_BYTES / PAGE_SIZE;
+    let e = engine(4 * seg_pages);
+    let pool = e.create_pool(&PoolSpec::ephemeral()).unwrap();
+    let n = 4 * seg_pages as u64;
+    for i in 0..n {
+        assert_eq!(e.put(PageKey::new(pool, 0, i), &page(i)).unwrap(), PutOutcome::Stored);
+    }
+    let dropped = e.set_budget(SEGMENT_BYTES).shrink.contents_dropped as u64;
+    assert!(dropped > 0);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while e.stats().pages != n - dropped {
+        assert!(std::time::Instant::now() < deadline, "no background sweep: {:?}", e.stats());
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    e.validate();
+}
+
 #[test]
 fn cold_pages_compress_in_the_background_pass_and_still_read_back() {
     let e = engine(64);

@@ -295,6 +295,32 @@ impl Shard {
         }
     }
 
+    /// Of the slots `from..from + max_slots`, the live ones whose value is a content that
+    /// `pick` chooses, at most `max_picked` of them; and where to go on (`None` after the
+    /// last slot). Lets a caller visit every slot in steps, letting go of the shard's lock
+    /// between them.
+    pub fn content_slots_where(
+        &self,
+        from: usize,
+        max_slots: usize,
+        max_picked: usize,
+        mut pick: impl FnMut(ContentId) -> bool,
+    ) -> (Vec<SlotId>, Option<usize>) {
+        let end = from.saturating_add(max_slots).min(self.slots.len());
+        let mut picked = Vec::new();
+        for i in from..end {
+            let s = &self.slots[i];
+            if !s.is_free() && s.value & FILL == 0 && pick(s.value) {
+                picked.push(i as SlotId);
+                if picked.len() == max_picked {
+                    let next = i + 1;
+                    return (picked, (next < self.slots.len()).then_some(next));
+                }
+            }
+        }
+        (picked, (end < self.slots.len()).then_some(end))
+    }
+
     /// Every live slot, for validation and stats.
     pub fn slots(&self) -> impl Iterator<Item = (SlotId, Slot)> + '_ {
         (0..self.slots.len() as SlotId)

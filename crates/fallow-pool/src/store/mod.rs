@@ -323,7 +323,7 @@ impl Store {
     }
 
     /// True when a content still has its bytes (in a mapped frame, or compressed).
-    fn is_live(&self, id: ContentId) -> bool {
+    pub fn is_live(&self, id: ContentId) -> bool {
         match self.contents[id as usize].place.get() {
             Place::Frame(f) => self.arena.is_live(f),
             Place::Compressed => true,

@@ -1,0 +1,135 @@
+//! Removing the index entries of pages whose bytes are gone.
+//!
+//! A shrink drops the ephemeral pages of the segments it returns to the OS by their
+//! contents, under the store lock alone: finding every index entry that names one would
+//! mean visiting the shards while the store waits. So the entries stay behind, a miss for
+//! whoever reads them next; until then they count as pages in the stats and keep their
+//! metadata (about 100 bytes each: some 25 MiB after giving back 1 GiB of pages).
+//!
+//! The sweep removes them after the shrink, on a thread of its own so that `set_budget`
+//! (and the governor calling it) returns as soon as the memory is back: it visits the
+//! shards in steps of at most [`SLOTS_PER_HOLD`] slots and [`REMOVALS_PER_HOLD`]
+//! removals, and hands each lock to a waiting get when it lets go (`unlock_fair`), so no
+//! get waits behind it for more than a step (~0.1 ms). One sweeper runs at a time; a
+//! shrink during a sweep makes it go round once more.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{MutexGuard, RwLockWriteGuard};
+
+use crate::engine::Inner;
+use crate::pools::PoolCounters;
+
+/// Slots looked at per hold of a shard's lock.
+const SLOTS_PER_HOLD: usize = 4096;
+/// Entries removed per hold: each also takes the store's write lock, which every get's copy
+/// waits for, so a step stays around a tenth of a millisecond.
+const REMOVALS_PER_HOLD: usize = 128;
+
+/// The sweeper thread's nice value.
+const SWEEP_NICE: i32 = 10;
+
+/// What a sweep did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    /// Index entries removed: pages whose bytes had been dropped.
+    pub entries_removed: usize,
+    /// The longest hold of a shard's lock.
+    pub longest_hold: Duration,
+    /// The sweep's whole time.
+    pub elapsed: Duration,
+}
+
+/// Whether a sweep is wanted and whether one is running.
+#[derive(Debug, Default)]
+pub(crate) struct SweepState {
+    requested: AtomicBool,
+    running: AtomicBool,
+}
+
+impl Inner {
+    /// Asks for a sweep in the background, starting the sweeper thread unless one runs.
+    pub(crate) fn request_sweep(self: &Arc<Self>) {
+        self.sweep.requested.store(true, Ordering::SeqCst);
+        if self.sweep.running.swap(true, Ordering::SeqCst) {
+            return; // the running sweeper sees `requested` and goes round again
+        }
+        let inner = Arc::clone(self);
+        let spawned = std::thread::Builder::new()
+            .name("fallow-sweep".into())
+            .spawn(move || {
+                // Linux keeps a nice value per thread: this one gives way to the readers
+                // and writers of the pool (the sweep is tidying up, nothing waits for it).
+                if let Err(err) = rustix::process::setpriority_process(None, SWEEP_NICE) {
+                    tracing::debug!(%err, "the index sweep runs at normal priority");
+                }
+                inner.sweep_while_requested()
+            });
+        if let Err(err) = spawned {
+            // Nothing is lost: the entries are removed when next read or evicted.
+            self.sweep.running.store(false, Ordering::SeqCst);
+            tracing::warn!(%err, "no thread for the index sweep; dropped pages go when read");
+        }
+    }
+
+    fn sweep_while_requested(&self) {
+        loop {
+            while self.sweep.requested.swap(false, Ordering::SeqCst) {
+                let report = self.sweep_dropped();
+                tracing::debug!(?report, "index entries of dropped pages removed");
+            }
+            self.sweep.running.store(false, Ordering::SeqCst);
+            // A request that came after the last swap but before `running` went false found
+            // a sweeper running and left: take it over, unless another thread already has.
+            if !self.sweep.requested.load(Ordering::SeqCst)
+                || self.sweep.running.swap(true, Ordering::SeqCst)
+            {
+                return;
+            }
+        }
+    }
+
+    /// Removes every index entry whose content has lost its bytes (a shrink returned its
+    /// segment, or another key's read found it corrupt), counting each as an eviction of
+    /// its pool, as a read that found it would have.
+    pub(crate) fn sweep_dropped(&self) -> SweepReport {
+        let start = Instant::now();
+        let mut report = SweepReport::default();
+        for shard in self.shards.iter() {
+            let mut from = 0;
+            loop {
+                let held = Instant::now();
+                let mut shard = shard.lock();
+                let (stale, next) = {
+                    let store = self.store.read();
+                    shard.content_slots_where(from, SLOTS_PER_HOLD, REMOVALS_PER_HOLD, |id| {
+                        !store.is_live(id)
+                    })
+                };
+                if !stale.is_empty() {
+                    let mut store = self.store.write();
+                    for id in stale {
+                        let slot = shard.remove(id);
+                        let state = self.pools.read().get(slot.key.pool).ok();
+                        if let Some(state) = &state {
+                            PoolCounters::bump(&state.counters.evictions);
+                        }
+                        self.release(&mut store, &slot, state.as_ref().map(|s| &s.counters));
+                        report.entries_removed += 1;
+                    }
+                    RwLockWriteGuard::unlock_fair(store);
+                }
+                MutexGuard::unlock_fair(shard);
+                report.longest_hold = report.longest_hold.max(held.elapsed());
+                match next {
+                    Some(next) => from = next,
+                    None => break,
+                }
+            }
+        }
+        report.elapsed = start.elapsed();
+        report
+    }
+}
