@@ -34,6 +34,7 @@ mod arena;
 mod compress;
 mod config;
 mod content;
+mod dense;
 mod engine;
 mod engine_async;
 pub mod eviction;

@@ -57,16 +57,14 @@ impl Inner {
             return; // the running sweeper sees `requested` and goes round again
         }
         let inner = Arc::clone(self);
-        let spawned = std::thread::Builder::new()
-            .name("fallow-sweep".into())
-            .spawn(move || {
-                // Linux keeps a nice value per thread: this one gives way to the readers
-                // and writers of the pool (the sweep is tidying up, nothing waits for it).
-                if let Err(err) = rustix::process::setpriority_process(None, SWEEP_NICE) {
-                    tracing::debug!(%err, "the index sweep runs at normal priority");
-                }
-                inner.sweep_while_requested()
-            });
+        let spawned = std::thread::Builder::new().name("fallow-sweep".into()).spawn(move || {
+            // Linux keeps a nice value per thread: this one gives way to the readers
+            // and writers of the pool (the sweep is tidying up, nothing waits for it).
+            if let Err(err) = rustix::process::setpriority_process(None, SWEEP_NICE) {
+                tracing::debug!(%err, "the index sweep runs at normal priority");
+            }
+            inner.sweep_while_requested()
+        });
         if let Err(err) = spawned {
             // Nothing is lost: the entries are removed when next read or evicted.
             self.sweep.running.store(false, Ordering::SeqCst);

@@ -44,16 +44,7 @@ impl Fills {
             Entry::Occupied(found) => *found.get(),
             Entry::Vacant(slot) => {
                 let fresh = Fill { word, refs: 0 };
-                let id = match free.pop() {
-                    Some(id) => {
-                        entries[id as usize] = fresh;
-                        id
-                    }
-                    None => {
-                        entries.push(fresh);
-                        FillId::try_from(entries.len() - 1).expect("fewer fill words than slots")
-                    }
-                };
+                let id = crate::dense::place(entries, free, fresh);
                 slot.insert(id);
                 id
             }

@@ -182,16 +182,7 @@ impl Shard {
             }
         };
         let packed = Packed { index: slot.key.index, value, object, prev: NIL, next: NIL };
-        let id = match self.free_slots.pop() {
-            Some(id) => {
-                self.slots[id as usize] = packed;
-                id
-            }
-            None => {
-                self.slots.push(packed);
-                SlotId::try_from(self.slots.len() - 1).expect("slot ids fit in 32 bits")
-            }
-        };
+        let id = crate::dense::place(&mut self.slots, &mut self.free_slots, packed);
         self.link(id);
         let Shard { index, slots, objects, .. } = self;
         index.insert_unique(hash, id, |&x| key_hash(&key_of(slots, objects, x)));

@@ -90,16 +90,7 @@ impl Objects {
             }
             Entry::Vacant(slot) => {
                 let fresh = Object { object, pool, head: NIL, pages: 0, persistent };
-                let r = match free.pop() {
-                    Some(r) => {
-                        entries[r as usize] = fresh;
-                        r
-                    }
-                    None => {
-                        entries.push(fresh);
-                        u32::try_from(entries.len() - 1).expect("fewer objects than slots")
-                    }
-                };
+                let r = crate::dense::place(entries, free, fresh);
                 slot.insert(r);
                 r
             }

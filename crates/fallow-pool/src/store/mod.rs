@@ -212,16 +212,7 @@ impl Store {
             content.hash = hash_key(hash);
             content.flags |= HASHED;
         }
-        let id = match self.free_contents.pop() {
-            Some(id) => {
-                self.contents[id as usize] = content;
-                id
-            }
-            None => {
-                self.contents.push(content);
-                (self.contents.len() - 1) as ContentId
-            }
-        };
+        let id = crate::dense::place(&mut self.contents, &mut self.free_contents, content);
         if let Some(key) = digest.hash.map(hash_key) {
             // A hash collision with different bytes keeps the first content in the table
             // and the new one is simply not shared, unless the first has lost its bytes.
