@@ -23,6 +23,8 @@
 //! `store`: page bytes, checksums, the dedup table and compressed pages.
 //! `arena`: 4 KiB frames in 2 MiB segments, returned to the OS a segment at a time.
 //! `compress`: the background thread that compresses cold pages.
+//! `sweep`: the background thread that, after a shrink, removes the index entries of the
+//! pages it dropped.
 //!
 //! # Memory
 //! Page bytes live in the arena and never exceed the budget (rounded up to one segment);
