@@ -192,7 +192,7 @@ impl Engine {
         // The index entries of the pages just dropped go in the background, not when each
         // is next read: until then they would count as pages and keep their metadata.
         if shrink.contents_dropped > 0 {
-            self.inner.request_sweep();
+            self.inner.sweep_if_worth_it();
         }
         let frames = budget_bytes / PAGE_SIZE;
         let per_shard = frames.div_ceil(self.inner.shards.len()).max(1);

@@ -11,7 +11,9 @@
 //! shards in steps of at most [`SLOTS_PER_HOLD`] slots and [`REMOVALS_PER_HOLD`]
 //! removals, and hands each lock to a waiting get when it lets go (`unlock_fair`), so no
 //! get waits behind it for more than a step (~0.1 ms). One sweeper runs at a time; a
-//! shrink during a sweep makes it go round once more.
+//! shrink during a sweep makes it go round once more. The store counts the stale entries,
+//! so a sweep stops as soon as none is left, and a shrink that left only a few does not
+//! start one (reads and evictions remove those as they meet them).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -27,6 +29,12 @@ const SLOTS_PER_HOLD: usize = 4096;
 /// Entries removed per hold: each also takes the store's write lock, which every get's copy
 /// waits for, so a step stays around a tenth of a millisecond.
 const REMOVALS_PER_HOLD: usize = 128;
+
+/// Stale entries below which a shrink leaves them to be found by reads and evictions: a
+/// sweep visits every slot, so it must find enough to be worth it (at least one entry in
+/// `1 / SWEEP_SHARE` of the contents, or [`SWEEP_MIN`]).
+const SWEEP_SHARE: usize = 64;
+const SWEEP_MIN: usize = 4096;
 
 /// The sweeper thread's nice value.
 const SWEEP_NICE: i32 = 10;
@@ -50,8 +58,18 @@ pub(crate) struct SweepState {
 }
 
 impl Inner {
+    /// After a shrink: sweeps in the background if enough entries went stale.
+    pub(crate) fn sweep_if_worth_it(self: &Arc<Self>) {
+        let store = self.store.read();
+        let (stale, contents) = (store.stale_entries(), store.usage().contents);
+        drop(store);
+        if stale >= SWEEP_MIN.min(contents / SWEEP_SHARE).max(1) {
+            self.request_sweep();
+        }
+    }
+
     /// Asks for a sweep in the background, starting the sweeper thread unless one runs.
-    pub(crate) fn request_sweep(self: &Arc<Self>) {
+    fn request_sweep(self: &Arc<Self>) {
         self.sweep.requested.store(true, Ordering::SeqCst);
         if self.sweep.running.swap(true, Ordering::SeqCst) {
             return; // the running sweeper sees `requested` and goes round again
@@ -98,6 +116,9 @@ impl Inner {
         for shard in self.shards.iter() {
             let mut from = 0;
             loop {
+                if self.store.read().stale_entries() == 0 {
+                    break; // none left anywhere
+                }
                 let held = Instant::now();
                 let mut shard = shard.lock();
                 let (stale, next) = {

@@ -138,6 +138,9 @@ pub struct Store {
     cursor: usize,
     corruptions: u64,
     dropped: u64,
+    /// References (index entries) held on contents that lost their bytes: what the index
+    /// still counts as pages but can only miss. The sweep (`sweep.rs`) brings it to 0.
+    stale_entries: usize,
 }
 
 const NO_OWNER: ContentId = ContentId::MAX;
@@ -159,6 +162,7 @@ impl Store {
             cursor: 0,
             corruptions: 0,
             dropped: 0,
+            stale_entries: 0,
         }
     }
 
@@ -333,8 +337,18 @@ impl Store {
         }
     }
 
+    /// Index entries that name a content without bytes (dropped by a shrink, or found
+    /// corrupt): they count as pages until a read or the sweep removes them.
+    pub fn stale_entries(&self) -> usize {
+        self.stale_entries
+    }
+
     /// Drops one reference; the last one frees the bytes and the slot.
     pub fn release(&mut self, id: ContentId) {
+        if !self.is_live(id) {
+            debug_assert!(self.stale_entries > 0, "stale entry of content {id} not counted");
+            self.stale_entries = self.stale_entries.saturating_sub(1);
+        }
         let c = &mut self.contents[id as usize];
         debug_assert!(c.refs > 0, "release of free content {id}");
         c.refs -= 1;
@@ -347,6 +361,9 @@ impl Store {
     /// Frees a content's bytes and takes it out of the dedup table; its slot stays until
     /// the last reference goes.
     fn drop_bytes(&mut self, id: ContentId) {
+        if self.is_live(id) {
+            self.stale_entries += self.contents[id as usize].refs as usize;
+        }
         let c = &mut self.contents[id as usize];
         let place = std::mem::replace(&mut c.place, PackedPlace::new(Place::Dead)).get();
         if c.flags & HASHED != 0 {
@@ -513,6 +530,14 @@ impl Store {
                 assert!(matches!(c.place.get(), Place::Frame(x) if x.index() == f), "stale owner");
             }
         }
+        let stale_refs: u32 = self
+            .contents
+            .iter()
+            .enumerate()
+            .filter(|(id, c)| c.refs > 0 && !self.is_live(*id as ContentId))
+            .map(|(_, c)| c.refs)
+            .sum();
+        assert_eq!(stale_refs as usize, self.stale_entries, "stale entry count drifted");
         let mut hashes = std::collections::HashSet::new();
         for &id in &self.dedup {
             let c = &self.contents[id as usize];

@@ -85,6 +85,7 @@ impl Store {
             // Most segments hold no persistent page: then nothing in them is visited.
             if self.pinned[seg] == 0 || self.evacuate_pinned(seg, &release, report) {
                 let stale = self.stale_frames(seg);
+                self.stale_entries += self.stale_refs(seg);
                 report.contents_dropped += stale;
                 self.dropped += stale as u64;
                 released.push((seg, stale));
@@ -182,6 +183,15 @@ impl Store {
     }
 
     /// Frames of segment `seg` still in use (by unpinned contents, after evacuation).
+    /// References held on the contents of segment `seg`, about to lose their bytes.
+    fn stale_refs(&self, seg: usize) -> usize {
+        Arena::frames_of(seg)
+            .filter_map(|f| self.owner.get(f.index()).copied())
+            .filter(|&id| id != NO_OWNER)
+            .map(|id| self.contents[id as usize].refs as usize)
+            .sum()
+    }
+
     fn stale_frames(&self, seg: usize) -> usize {
         Arena::frames_of(seg)
             .filter(|f| self.owner.get(f.index()).is_some_and(|&id| id != NO_OWNER))
