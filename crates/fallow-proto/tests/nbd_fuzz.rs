@@ -430,7 +430,9 @@ proptest! {
         let mut buf = BytesMut::new();
         encode_chunk_header(&mut buf, 0, NBD_REPLY_TYPE_OFFSET_DATA, 1, len);
         let result = decode_reply(&mut buf, max);
-        prop_assert_eq!(result.is_err(), len > max);
+        // A length of 0 is a whole chunk already: an OFFSET_DATA chunk without its offset,
+        // which is malformed (the saved regression case, len = 0, max = 0).
+        prop_assert_eq!(result.is_err(), len > max || len == 0);
         prop_assert!(buf.capacity() <= 2 * (20 + max as usize).max(64));
         // The head decoder reserves nothing at all, and refuses data over its own limit
         // (or too short for an offset and a byte) and other chunks over the other.
@@ -445,7 +447,8 @@ proptest! {
                 len > max
             };
             prop_assert_eq!(result.is_err(), refused);
-            prop_assert_eq!(buf.capacity(), capacity);
+            // Never more room than the header had (a header it consumed may leave less).
+            prop_assert!(buf.capacity() <= capacity, "{} > {capacity}", buf.capacity());
         }
     }
 }
