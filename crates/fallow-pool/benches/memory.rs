@@ -193,13 +193,29 @@ fn give_back(e: &Engine, sizes: Sizes) -> GiveBack {
     let start = Instant::now();
     let report = e.set_budget(sizes.small_budget);
     let wall = start.elapsed();
-    GiveBack {
+    let given_back = GiveBack {
         report,
         wall,
         rss_before,
         rss_after: rss_bytes(),
         mapped_after: e.stats().mapped_bytes,
-    }
+    };
+    finish_sweep(e);
+    given_back
+}
+
+/// Waits for the index sweep a shrink starts in the background (by doing what is left of
+/// it here), so that it does not run into the next measurement: its thread would otherwise
+/// share the CPUs with the next fill and shrink, and slow the shrink's `munmap` down (TLB
+/// shootdowns reach every CPU a thread of the process runs on).
+fn finish_sweep(e: &Engine) {
+    let start = Instant::now();
+    let left = e.sweep_dropped();
+    eprintln!(
+        "  index sweep: {} entries left for the caller, done {:?} after the shrink returned",
+        left.entries_removed,
+        start.elapsed()
+    );
 }
 
 fn median_max<T: Copy + Ord>(v: &[T]) -> (T, T) {
@@ -310,6 +326,7 @@ fn shrink_under_reads(
         std::thread::sleep(Duration::from_millis(20));
         stop.store(true, Ordering::Relaxed);
         let samples = reader.join().expect("reader thread");
+        finish_sweep(e);
         (s0, s1, report, samples)
     })
 }
