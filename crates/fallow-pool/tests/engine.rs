@@ -265,17 +265,24 @@ fn shrinking_returns_segments_and_keeps_every_persistent_page() {
     e.validate();
 }
 
+/// An engine of `segments` full segments, filled with unique pages of one ephemeral pool
+/// (page `i` under object `i % 7`, index `i`): the engine, its pool and the page count.
+fn full_of_unique_pages(segments: usize) -> (Engine, fallow_core::PoolId, u64) {
+    let e = engine(segments * SEGMENT_BYTES / PAGE_SIZE);
+    let pool = e.create_pool(&PoolSpec::ephemeral()).unwrap();
+    let n = (segments * SEGMENT_BYTES / PAGE_SIZE) as u64;
+    for i in 0..n {
+        assert_eq!(e.put(PageKey::new(pool, i % 7, i), &page(i)).unwrap(), PutOutcome::Stored);
+    }
+    (e, pool, n)
+}
+
 /// Issue #2: the pages a shrink dropped left their index entries behind until each was read
 /// again, so the stats still counted them (and their metadata stayed) after a give-back.
 #[test]
 fn issue_2_a_shrink_removes_the_index_entries_of_the_pages_it_dropped() {
     let seg_pages = SEGMENT_BYTES / PAGE_SIZE;
-    let e = engine(8 * seg_pages);
-    let pool = e.create_pool(&PoolSpec::ephemeral()).unwrap();
-    let n = 8 * seg_pages as u64;
-    for i in 0..n {
-        assert_eq!(e.put(PageKey::new(pool, i % 7, i), &page(i)).unwrap(), PutOutcome::Stored);
-    }
+    let (e, pool, n) = full_of_unique_pages(8);
     let report = e.set_budget(2 * SEGMENT_BYTES);
     let dropped = report.shrink.contents_dropped;
     assert!(dropped >= 6 * seg_pages, "{dropped} pages dropped");
@@ -296,13 +303,7 @@ fn issue_2_a_shrink_removes_the_index_entries_of_the_pages_it_dropped() {
 /// stats soon count only the pages still held.
 #[test]
 fn the_entries_of_dropped_pages_go_in_the_background() {
-    let seg_pages = SEGMENT_BYTES / PAGE_SIZE;
-    let e = engine(4 * seg_pages);
-    let pool = e.create_pool(&PoolSpec::ephemeral()).unwrap();
-    let n = 4 * seg_pages as u64;
-    for i in 0..n {
-        assert_eq!(e.put(PageKey::new(pool, 0, i), &page(i)).unwrap(), PutOutcome::Stored);
-    }
+    let (e, _, n) = full_of_unique_pages(4);
     let dropped = e.set_budget(SEGMENT_BYTES).shrink.contents_dropped as u64;
     assert!(dropped > 0);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
