@@ -70,6 +70,7 @@ mod list;
 mod lru;
 mod s3fifo;
 mod s3fifo_lean;
+mod s3fifo_queues;
 mod sketch;
 mod wtinylfu;
 

@@ -49,8 +49,7 @@
 //! full 8192-page instance reports 201 KB, 24.5 B per page.
 
 use super::adaptive::{MiniSim, MIN_EPOCH, SIM_PAGES};
-use super::list::{Links, List};
-use super::s3fifo::{MAX_FREQ, MOVE_TO_MAIN};
+use super::s3fifo_queues::{Queues, Q_MAIN, Q_SMALL};
 use super::{Eviction, SlotId};
 
 /// Small-queue shares the simulations compare, one decade apart around the paper's 10 %;
@@ -61,14 +60,6 @@ const INITIAL_CHOICE: usize = 1;
 /// The ghost remembers this share of the capacity in insertions (the paper sizes the ghost
 /// like the main queue, 90 %).
 const GHOST_SHARE: f64 = 0.9;
-
-/// Queue of a slot, in the low two bits of its state byte.
-const Q_NONE: u8 = 0;
-const Q_SMALL: u8 = 1;
-const Q_MAIN: u8 = 2;
-const Q_MASK: u8 = 0b11;
-/// The 2-bit frequency sits above the queue bits.
-const FREQ_SHIFT: u32 = 2;
 
 /// Generations of the ghost filter: the newest takes insertions; when it has taken half
 /// the ghost's length, the older one is cleared and takes the next (a rotating pair, the
@@ -160,11 +151,7 @@ impl RecentFilter {
 /// policy each miniature simulation runs.
 #[derive(Debug)]
 struct FixedShare {
-    links: Links,
-    /// Per slot: queue (bits 0–1) and frequency (bits 2–3).
-    state: Vec<u8>,
-    small: List,
-    main: List,
+    queues: Queues,
     ghost: RecentFilter,
     capacity: usize,
     share: f64,
@@ -174,10 +161,7 @@ struct FixedShare {
 impl FixedShare {
     fn new(capacity: usize, share: f64) -> Self {
         let mut s = Self {
-            links: Links::default(),
-            state: Vec::new(),
-            small: List::default(),
-            main: List::default(),
+            queues: Queues::default(),
             ghost: RecentFilter::default(),
             capacity: 0,
             share,
@@ -197,47 +181,6 @@ impl FixedShare {
     fn lru_only(&self) -> bool {
         self.small_target >= self.capacity
     }
-
-    fn queue(&self, id: SlotId) -> u8 {
-        self.state.get(id as usize).map_or(Q_NONE, |s| s & Q_MASK)
-    }
-
-    fn freq(&self, id: SlotId) -> u8 {
-        self.state[id as usize] >> FREQ_SHIFT
-    }
-
-    fn set(&mut self, id: SlotId, queue: u8, freq: u8) {
-        self.state[id as usize] = queue | (freq << FREQ_SHIFT);
-    }
-
-    /// Takes the small queue's (least recently used) front: promotes it if it was hit
-    /// enough, else evicts it.
-    fn evict_small(&mut self) -> Option<SlotId> {
-        let id = self.small.pop_front(&mut self.links)?;
-        if !self.lru_only() && self.freq(id) >= MOVE_TO_MAIN {
-            self.main.push_back(&mut self.links, id);
-            self.set(id, Q_MAIN, 0);
-            None
-        } else {
-            self.set(id, Q_NONE, 0);
-            Some(id)
-        }
-    }
-
-    /// Takes the main queue's front: re-inserts it with one frequency less if it was hit,
-    /// else evicts it.
-    fn evict_main(&mut self) -> Option<SlotId> {
-        let id = self.main.pop_front(&mut self.links)?;
-        let freq = self.freq(id);
-        if freq > 0 {
-            self.main.push_back(&mut self.links, id);
-            self.set(id, Q_MAIN, freq - 1);
-            None
-        } else {
-            self.set(id, Q_NONE, 0);
-            Some(id)
-        }
-    }
 }
 
 impl Eviction for FixedShare {
@@ -253,80 +196,41 @@ impl Eviction for FixedShare {
     }
 
     fn insert(&mut self, id: SlotId, hash: u64) {
-        self.links.ensure(id);
-        if self.state.len() <= id as usize {
-            self.state.resize(id as usize + 1, Q_NONE);
-        }
-        debug_assert_eq!(self.queue(id), Q_NONE, "slot {id} is already tracked");
         let missed_recently = self.ghost.contains(hash);
         self.ghost.insert(hash);
         // As `S3Fifo::insert` (libCacheSim): while the cache still has room and the small
         // queue is full, new pages go straight to main.
-        let room = self.len() < self.capacity && self.small.len() >= self.small_target;
-        if !self.lru_only() && (missed_recently || room) {
-            self.main.push_back(&mut self.links, id);
-            self.set(id, Q_MAIN, 0);
-        } else {
-            self.small.push_back(&mut self.links, id);
-            self.set(id, Q_SMALL, 0);
-        }
+        let room = self.len() < self.capacity && self.queues.small_len() >= self.small_target;
+        let to_main = !self.lru_only() && (missed_recently || room);
+        self.queues.insert(id, if to_main { Q_MAIN } else { Q_SMALL });
     }
 
     fn touch(&mut self, id: SlotId, _hash: u64) {
-        let queue = self.queue(id);
-        debug_assert_ne!(queue, Q_NONE, "slot {id} is not tracked");
-        let freq = (self.freq(id) + 1).min(MAX_FREQ);
-        self.set(id, queue, freq);
-        if queue == Q_SMALL {
-            self.small.move_to_back(&mut self.links, id);
-        }
+        // The small queue is LRU: a hit moves the page to its back.
+        self.queues.touch(id, true);
     }
 
     fn remove(&mut self, id: SlotId) {
-        match self.queue(id) {
-            Q_SMALL => self.small.unlink(&mut self.links, id),
-            Q_MAIN => self.main.unlink(&mut self.links, id),
-            q => debug_assert!(false, "slot {id} is not tracked (queue {q})"),
-        }
-        self.set(id, Q_NONE, 0);
+        self.queues.remove(id);
     }
 
     fn pop_victim(&mut self) -> Option<SlotId> {
-        // As `S3Fifo::pop_victim`: each pass evicts, or moves a page that spends a hit
-        // (promotion clears the frequency, re-insertion lowers it): amortized O(1). After
-        // the share grew, small is under its target and main drains first.
-        loop {
-            if self.small.is_empty() && self.main.is_empty() {
-                return None;
-            }
-            let victim = if self.small.len() >= self.small_target || self.main.is_empty() {
-                self.evict_small()
-            } else {
-                self.evict_main()
-            };
-            if victim.is_some() {
-                return victim;
-            }
-        }
+        // After the share grew, small is under its target and main drains first. With the
+        // small queue the whole cache (LRU), nothing is promoted.
+        let may_promote = !self.lru_only();
+        self.queues.pop_victim(self.small_target, may_promote).map(|(id, _)| id)
     }
 
     fn len(&self) -> usize {
-        self.small.len() + self.main.len()
+        self.queues.len()
     }
 
     fn heap_bytes(&self) -> usize {
-        self.links.heap_bytes() + self.state.capacity() + self.ghost.heap_bytes()
+        self.queues.heap_bytes() + self.ghost.heap_bytes()
     }
 
     fn validate(&self) {
-        for (list, queue) in [(&self.small, Q_SMALL), (&self.main, Q_MAIN)] {
-            list.validate(&self.links, |id| {
-                assert_eq!(self.queue(id), queue, "slot {id} is on the wrong queue");
-                assert!(self.freq(id) <= MAX_FREQ);
-            });
-        }
-        let tracked = self.state.iter().filter(|s| *s & Q_MASK != Q_NONE).count();
-        assert_eq!(tracked, self.len(), "state bytes disagree with the queues");
+        self.queues.validate();
         assert!(self.small_target >= 1 && self.small_target <= self.capacity);
         self.ghost.validate();
     }
@@ -573,7 +477,7 @@ mod tests {
         for id in 0..4096 {
             p.insert(id, hash(u64::from(id)));
         }
-        let beyond_links = p.heap_bytes() - p.links.heap_bytes();
+        let beyond_links = p.heap_bytes() - p.queues.links_heap_bytes();
         assert!(beyond_links <= 2 * 4096 + 64, "{beyond_links} B for 4096 pages");
     }
 }
