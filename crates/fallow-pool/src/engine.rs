@@ -119,12 +119,10 @@ impl Engine {
     pub fn new(config: EngineConfig) -> Self {
         let frames = config.budget_bytes / PAGE_SIZE;
         let per_shard = frames.div_ceil(config.shards).max(1);
-        let shards = (0..config.shards)
-            .map(|_| {
-                let policy = eviction::by_name(config.policy, per_shard)
-                    .expect("config.policy was validated by EngineBuilder::build");
-                Mutex::new(Shard::new(policy))
-            })
+        let shards = eviction::for_shards(config.policy, per_shard, config.shards)
+            .expect("config.policy was validated by EngineBuilder::build")
+            .into_iter()
+            .map(|policy| Mutex::new(Shard::new(policy)))
             .collect();
         let inner = Arc::new(Inner {
             pools: RwLock::new(PoolTable::default()),

@@ -71,6 +71,7 @@ mod lru;
 mod s3fifo;
 mod s3fifo_lean;
 mod s3fifo_queues;
+mod share_chooser;
 mod sketch;
 mod wtinylfu;
 
@@ -82,6 +83,7 @@ pub use lirs::Lirs;
 pub use lru::Lru;
 pub use s3fifo::S3Fifo;
 pub use s3fifo_lean::S3FifoLean;
+pub use share_chooser::ShareChooser;
 pub use wtinylfu::{WTinyLfu, WindowSizing};
 
 /// Every name [`by_name`] accepts.
@@ -91,6 +93,22 @@ pub const POLICY_NAMES: &[&str] = &["adaptive", "lru", "s3fifo", "wtinylfu", "li
 /// of state per page whose small-queue share (1 %, 10 % or 100 %, i.e. LRU) miniature
 /// simulations choose (see `s3fifo_lean.rs` and the trace results in `BENCHMARKS.md`).
 pub const DEFAULT_POLICY: &str = "s3fifo-lean";
+
+/// Builds the policies called `name` for the `shards` shards of one engine, each a cache of
+/// `per_shard` pages; `None` for an unknown name. Policies that learn from the workload as
+/// a whole (`s3fifo-lean`'s share) share that learning across the shards.
+pub fn for_shards(name: &str, per_shard: usize, shards: usize) -> Option<Vec<Box<dyn Eviction>>> {
+    if name == "s3fifo-lean" {
+        let chooser = std::sync::Arc::new(ShareChooser::new(per_shard.saturating_mul(shards)));
+        let policies = (0..shards)
+            .map(|_| {
+                Box::new(S3FifoLean::with_chooser(per_shard, chooser.clone())) as Box<dyn Eviction>
+            })
+            .collect();
+        return Some(policies);
+    }
+    (0..shards).map(|_| by_name(name, per_shard)).collect()
+}
 
 /// Builds the policy called `name` for a cache of `capacity` pages; `None` for an unknown
 /// name.

@@ -22,13 +22,14 @@
 //!   and Optimization using Miniature Simulations", USENIX ATC'17; Caffeine's simulator
 //!   sizes W-TinyLFU's window the same way in its `MiniSimClimber`, by Ohad Eytan, one of
 //!   the authors of "Adaptive Software Cache Management", Middleware'18):
-//!   three simulated caches of at most [`SIM_PAGES`] pages run this policy with a fixed
+//!   three simulated caches of at most 512 pages run this policy with a fixed
 //!   share of 1 %, 10 % (the paper's) and 100 % (LRU), one decade apart, on a hash-sampled
 //!   share of the accesses; at the end of every epoch the live share becomes that of the
 //!   simulation with the fewest (decayed) misses. The live policy starts at 10 %. Changing
 //!   the share reshapes nothing at once: the queues drift to their new targets as pages
 //!   leave, so unlike `adaptive`'s change of expert there is no turnover to pay and no
-//!   margin is needed against flapping.
+//!   margin is needed against flapping. One set of simulations serves every shard of an
+//!   engine (`share_chooser.rs`).
 //! * **The ghost is a filter of recent misses, not of evictions.** `pop_victim` is not
 //!   given hashes, and keeping one per page to feed the ghost on eviction would cost 4–8
 //!   bytes. So the ghost remembers the hash of every *inserted* page (the engine inserts
@@ -42,21 +43,17 @@
 //! Bytes per page, counted as Caffeine counts its nodes: the queue links (two `u32`, 8 B)
 //! are what the engine's index slot would hold; beyond them the policy keeps **2 B**: one
 //! state byte per slot (queue: 2 bits, frequency: 2 bits; four bits spare) and the ghost
-//! filter, 1 byte per page of capacity. On top, per policy instance (per shard), the three
-//! simulations: at most 3 × 512 simulated pages with their links, state, filters and key
-//! maps, ≈ 120 KiB whatever the capacity (≈ 15 B per page for the 8192-page shards of a
-//! 256 MiB pool in 8 shards, less for larger shards). `heap_bytes` reports all of it: a
-//! full 8192-page instance reports 201 KB, 24.5 B per page.
+//! filter, 1 byte per page of capacity. On top, per engine (not per shard, since
+//! 2026-11-22), the three simulations: at most 3 × 512 simulated pages with their links,
+//! state, filters and key maps, ≈ 120 KiB whatever the capacity (≈ 1.9 B per page of a
+//! 256 MiB engine; it was 15 B with a set per shard). `heap_bytes` reports the policy's
+//! own part and its share of the simulations.
 
-use super::adaptive::{MiniSim, MIN_EPOCH, SIM_PAGES};
+use std::sync::Arc;
+
 use super::s3fifo_queues::{Queues, Q_MAIN, Q_SMALL};
+use super::share_chooser::{ShareChooser, SHARES};
 use super::{Eviction, SlotId};
-
-/// Small-queue shares the simulations compare, one decade apart around the paper's 10 %;
-/// 100 % is LRU.
-const SHARES: [f64; 3] = [0.01, 0.10, 1.0];
-/// The live policy starts with the paper's share.
-const INITIAL_CHOICE: usize = 1;
 /// The ghost remembers this share of the capacity in insertions (the paper sizes the ghost
 /// like the main queue, 90 %).
 const GHOST_SHARE: f64 = 0.9;
@@ -150,7 +147,7 @@ impl RecentFilter {
 /// S3-FIFO with an LRU small queue of a fixed share: the live policy's core, and the
 /// policy each miniature simulation runs.
 #[derive(Debug)]
-struct FixedShare {
+pub(super) struct FixedShare {
     queues: Queues,
     ghost: RecentFilter,
     capacity: usize,
@@ -159,7 +156,7 @@ struct FixedShare {
 }
 
 impl FixedShare {
-    fn new(capacity: usize, share: f64) -> Self {
+    pub(super) fn new(capacity: usize, share: f64) -> Self {
         let mut s = Self {
             queues: Queues::default(),
             ghost: RecentFilter::default(),
@@ -240,33 +237,26 @@ impl Eviction for FixedShare {
 /// simulations.
 pub struct S3FifoLean {
     live: FixedShare,
-    sims: Vec<MiniSim>,
+    /// The simulations, shared with the policies of the engine's other shards.
+    chooser: Arc<ShareChooser>,
     /// Index into [`SHARES`] of the live share.
     choice: usize,
     capacity: usize,
-    /// A key hash is sampled when its remixed high 32 bits are below this.
-    threshold: u64,
-    epoch_len: usize,
-    max_epoch_len: usize,
-    epoch_accesses: usize,
 }
 
 impl S3FifoLean {
-    /// A lean S3-FIFO for a cache of `capacity` pages.
+    /// A lean S3-FIFO for a cache of `capacity` pages, with simulations of its own.
     pub fn new(capacity: usize) -> Self {
         let capacity = capacity.max(1);
-        let mut policy = Self {
-            live: FixedShare::new(capacity, SHARES[INITIAL_CHOICE]),
-            sims: Vec::new(),
-            choice: INITIAL_CHOICE,
-            capacity,
-            threshold: 0,
-            epoch_len: 0,
-            max_epoch_len: 0,
-            epoch_accesses: 0,
-        };
-        policy.reset_sims();
-        policy
+        Self::with_chooser(capacity, Arc::new(ShareChooser::new(capacity)))
+    }
+
+    /// A lean S3-FIFO for one shard of `capacity` pages whose share `chooser` picks; the
+    /// chooser was made for the capacities of all the policies that share it.
+    pub fn with_chooser(capacity: usize, chooser: Arc<ShareChooser>) -> Self {
+        let capacity = capacity.max(1);
+        let choice = chooser.choice();
+        Self { live: FixedShare::new(capacity, SHARES[choice]), chooser, choice, capacity }
     }
 
     /// The small queue's live share of the capacity (1.0: plain LRU).
@@ -274,42 +264,12 @@ impl S3FifoLean {
         SHARES[self.choice]
     }
 
-    fn reset_sims(&mut self) {
-        // As `Adaptive::reset_sims`: every key is sampled for small caches, else
-        // SIM_PAGES / capacity of them, and each simulation has that share of the pages.
-        let rate = (SIM_PAGES as f64 / self.capacity as f64).min(1.0);
-        self.threshold = (rate * (1u64 << 32) as f64) as u64;
-        let sim_capacity = ((self.capacity as f64 * rate).round() as usize).max(1);
-        self.sims = SHARES
-            .iter()
-            .map(|&share| {
-                MiniSim::with_policy(Box::new(FixedShare::new(sim_capacity, share)), sim_capacity)
-            })
-            .collect();
-        self.epoch_len = MIN_EPOCH;
-        self.max_epoch_len = sim_capacity.max(MIN_EPOCH);
-        self.epoch_accesses = 0;
-    }
-
-    fn observe(&mut self, hash: u64) {
-        // The same remix and sample as `adaptive`'s simulations.
-        if (hash.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) >= self.threshold {
-            return;
-        }
-        self.sims.iter_mut().for_each(|s| s.access(hash));
-        self.epoch_accesses += 1;
-        if self.epoch_accesses < self.epoch_len {
-            return;
-        }
-        self.epoch_accesses = 0;
-        self.sims.iter_mut().for_each(MiniSim::end_epoch);
-        self.epoch_len = (self.epoch_len * 2).min(self.max_epoch_len);
-        let best = (0..self.sims.len())
-            .min_by(|&a, &b| self.sims[a].score().total_cmp(&self.sims[b].score()))
-            .unwrap_or(self.choice);
-        if self.sims[best].score() < self.sims[self.choice].score() {
-            self.choice = best;
-            self.live.set_share(SHARES[best]);
+    /// Takes up the share the simulations chose, if it changed.
+    fn follow_choice(&mut self) {
+        let choice = self.chooser.choice();
+        if choice != self.choice {
+            self.choice = choice;
+            self.live.set_share(SHARES[choice]);
         }
     }
 }
@@ -323,19 +283,20 @@ impl Eviction for S3FifoLean {
         let pages = pages.max(1);
         self.live.set_capacity(pages);
         if pages != self.capacity {
+            self.chooser.resize(self.capacity, pages);
             self.capacity = pages;
-            self.reset_sims();
         }
     }
 
     fn insert(&mut self, id: SlotId, hash: u64) {
+        self.follow_choice();
         self.live.insert(id, hash);
-        self.observe(hash);
+        self.chooser.observe(hash);
     }
 
     fn touch(&mut self, id: SlotId, hash: u64) {
         self.live.touch(id, hash);
-        self.observe(hash);
+        self.chooser.observe(hash);
     }
 
     fn remove(&mut self, id: SlotId) {
@@ -343,6 +304,7 @@ impl Eviction for S3FifoLean {
     }
 
     fn pop_victim(&mut self) -> Option<SlotId> {
+        self.follow_choice();
         self.live.pop_victim()
     }
 
@@ -351,19 +313,22 @@ impl Eviction for S3FifoLean {
     }
 
     fn heap_bytes(&self) -> usize {
-        self.live.heap_bytes() + self.sims.iter().map(MiniSim::heap_bytes).sum::<usize>()
+        // Each sharing policy reports its part of the simulations, so that the shards'
+        // reports add up to what the engine holds.
+        let sharers = Arc::strong_count(&self.chooser).max(1);
+        self.live.heap_bytes() + self.chooser.heap_bytes() / sharers
     }
 
     fn validate(&self) {
         self.live.validate();
-        self.sims.iter().for_each(MiniSim::validate);
-        assert!(self.choice < SHARES.len());
+        self.chooser.validate();
         assert_eq!(self.live.share, SHARES[self.choice], "live share is not the chosen one");
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::adaptive::MiniSim;
     use super::*;
 
     fn hash(key: u64) -> u64 {
@@ -424,6 +389,70 @@ mod tests {
         assert_eq!(p.small_share(), 1.0, "the LRU simulation should lead");
         let ratio = misses as f64 / keys.len() as f64;
         assert!(ratio < 0.70, "miss ratio {ratio}");
+    }
+
+    #[test]
+    fn shards_that_share_a_chooser_follow_one_choice() {
+        // A zigzag over 300 pages, split over two 50-page shards by key: together a
+        // 100-page cache. The shared simulations see both halves and move both to LRU.
+        let chooser = Arc::new(ShareChooser::new(100));
+        let mut shards: Vec<S3FifoLean> =
+            (0..2).map(|_| S3FifoLean::with_chooser(50, chooser.clone())).collect();
+        let mut slot_of = std::collections::HashMap::new();
+        let mut key_of = [Vec::new(), Vec::new()];
+        for key in zigzag(300, 40) {
+            let shard = (key % 2) as usize;
+            let p = &mut shards[shard];
+            if let Some(&id) = slot_of.get(&key) {
+                p.touch(id, hash(key));
+                continue;
+            }
+            let keys = &mut key_of[shard];
+            let id = if keys.len() >= 50 {
+                let victim = p.pop_victim().expect("a full shard has a victim");
+                slot_of.remove(&keys[victim as usize]);
+                keys[victim as usize] = key;
+                victim
+            } else {
+                keys.push(key);
+                (keys.len() - 1) as SlotId
+            };
+            slot_of.insert(key, id);
+            p.insert(id, hash(key));
+        }
+        for p in &mut shards {
+            p.pop_victim();
+            p.validate();
+            assert_eq!(p.small_share(), 1.0, "every shard follows the shared choice");
+        }
+    }
+
+    #[test]
+    fn shards_report_one_set_of_simulations_between_them() {
+        // Eight shards of 8192 pages sharing a chooser report one set of simulations
+        // between them; eight policies of their own would hold eight sets.
+        let separate: usize = (0..8).map(|_| S3FifoLean::new(8192).heap_bytes()).sum();
+        let chooser = Arc::new(ShareChooser::new(8 * 8192));
+        let shards: Vec<S3FifoLean> =
+            (0..8).map(|_| S3FifoLean::with_chooser(8192, chooser.clone())).collect();
+        let shared: usize = shards.iter().map(S3FifoLean::heap_bytes).sum();
+        let sims = chooser.heap_bytes();
+        assert!(sims > 10_000, "a set of simulations takes {sims} B");
+        assert!(shared + 7 * sims <= separate, "{shared} B shared, {separate} B separate");
+    }
+
+    #[test]
+    fn a_budget_change_in_one_shard_resizes_the_shared_simulations() {
+        let chooser = Arc::new(ShareChooser::new(2 * 4096));
+        let mut a = S3FifoLean::with_chooser(4096, chooser.clone());
+        let mut b = S3FifoLean::with_chooser(4096, chooser.clone());
+        let full = chooser.heap_bytes();
+        a.set_capacity(64);
+        b.set_capacity(64);
+        // 128 pages in all: below SIM_PAGES, so each simulation holds the whole cache.
+        assert!(chooser.heap_bytes() < full / 2, "simulations did not shrink with the budget");
+        a.validate();
+        b.validate();
     }
 
     #[test]
