@@ -51,7 +51,7 @@ enum Place {
 }
 
 /// A [`Place`] in 32 bits: a frame id, or one of two markers above every frame id (the
-/// arena stops segment numbers short of them). Keeps a [`Content`] at 24 bytes.
+/// arena stops segment numbers short of them). Keeps a [`Content`] at 20 bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct PackedPlace(u32);
 
@@ -83,19 +83,36 @@ const PINNED: u8 = 1; // a persistent entry refers to it: never dropped to shrin
 const COMPRESSIBLE: u8 = 2; // its first pool asked for background compression
 const HASHED: u8 = 8; // `hash` is valid and (maybe) in the dedup table
 
+/// A content may be shared by at most this many index entries; an identical page past it
+/// gets a content of its own. Two bytes of count keep a content at 20 bytes, and a page
+/// shared 65 535 times has already saved 256 MiB.
+const MAX_REFS: u16 = u16::MAX;
+
 struct Content {
-    /// The dedup hash's key (`hash_key`: its low 64 bits), valid when `HASHED` is set. Two
-    /// different pages agree on it with probability 2⁻⁶⁴; [`Store::intern`] compares the
-    /// bytes before sharing anyway, and [`Store::share`], which has no bytes, also compares
-    /// the CRC-32C. Keeping 8 bytes of the hash instead of 16 is a quarter of a content.
-    hash: u64,
+    /// The dedup hash's key (`hash_key`: its low 64 bits), valid when `HASHED` is set, as
+    /// two halves so that a content aligns to 4 bytes (`Content::hash`). Two different
+    /// pages agree on it with probability 2⁻⁶⁴; [`Store::intern`] compares the bytes
+    /// before sharing anyway, and [`Store::share`], which has no bytes, also compares the
+    /// CRC-32C. Keeping 8 bytes of the hash instead of 16 is a quarter of a content.
+    hash: [u32; 2],
     place: PackedPlace,
-    refs: u32,
     crc: u32,
+    refs: u16,
     flags: u8,
     /// Read since the compressor last looked (its second chance). Atomic because reads
     /// set it while holding the store lock for reading only, several at once.
     accessed: AtomicBool,
+}
+
+impl Content {
+    fn hash(&self) -> u64 {
+        u64::from(self.hash[0]) | (u64::from(self.hash[1]) << 32)
+    }
+}
+
+/// Splits a hash key into a content's two halves.
+fn split_key(key: u64) -> [u32; 2] {
+    [key as u32, (key >> 32) as u32]
 }
 
 /// How a new content should be kept.
@@ -187,9 +204,9 @@ impl Store {
     ) -> Result<ContentId, ArenaFull> {
         if let Some(hash) = digest.hash.map(hash_key) {
             let contents = &self.contents;
-            let found = self.dedup.find(hash, |&id| contents[id as usize].hash == hash);
+            let found = self.dedup.find(hash, |&id| contents[id as usize].hash() == hash);
             if let Some(&id) = found {
-                if self.same_bytes(id, page) {
+                if self.contents[id as usize].refs < MAX_REFS && self.same_bytes(id, page) {
                     self.contents[id as usize].refs += 1;
                     if opts.pinned {
                         self.pin(id);
@@ -205,7 +222,7 @@ impl Store {
             flags |= COMPRESSIBLE;
         }
         let mut content = Content {
-            hash: 0,
+            hash: [0; 2],
             place: PackedPlace::new(Place::Frame(frame)),
             refs: 1,
             crc: digest.crc,
@@ -213,7 +230,7 @@ impl Store {
             accessed: AtomicBool::new(opts.compressible),
         };
         if let Some(hash) = digest.hash {
-            content.hash = hash_key(hash);
+            content.hash = split_key(hash_key(hash));
             content.flags |= HASHED;
         }
         let id = crate::dense::place(&mut self.contents, &mut self.free_contents, content);
@@ -221,18 +238,18 @@ impl Store {
             // A hash collision with different bytes keeps the first content in the table
             // and the new one is simply not shared, unless the first has lost its bytes.
             let contents = &self.contents;
-            let current = self.dedup.find(key, |&id| contents[id as usize].hash == key);
+            let current = self.dedup.find(key, |&id| contents[id as usize].hash() == key);
             match current.copied() {
                 None => {
                     let contents = &self.contents;
-                    self.dedup.insert_unique(key, id, |&i| contents[i as usize].hash);
+                    self.dedup.insert_unique(key, id, |&i| contents[i as usize].hash());
                 }
                 Some(old) if !self.is_live(old) => {
                     // The old content keeps its HASHED flag but is no longer the entry, so
                     // its release will not remove ours.
                     let contents = &self.contents;
                     if let Some(slot) =
-                        self.dedup.find_mut(key, |&i| contents[i as usize].hash == key)
+                        self.dedup.find_mut(key, |&i| contents[i as usize].hash() == key)
                     {
                         *slot = id;
                     }
@@ -255,8 +272,9 @@ impl Store {
     pub fn share(&mut self, hash: u128, crc: u32, opts: InternOptions) -> Option<ContentId> {
         let key = hash_key(hash);
         let contents = &self.contents;
-        let id = *self.dedup.find(key, |&id| contents[id as usize].hash == key)?;
-        if !self.is_live(id) || self.contents[id as usize].crc != crc {
+        let id = *self.dedup.find(key, |&id| contents[id as usize].hash() == key)?;
+        let c = &self.contents[id as usize];
+        if !self.is_live(id) || c.crc != crc || c.refs == MAX_REFS {
             return None;
         }
         self.contents[id as usize].refs += 1;
@@ -280,7 +298,7 @@ impl Store {
         for id in from..end {
             let c = &self.contents[id];
             if c.flags & HASHED != 0 && c.refs > 0 && self.is_live(id as ContentId) {
-                visit(c.hash);
+                visit(c.hash());
             }
         }
         (end < self.contents.len()).then_some(end)
@@ -362,13 +380,13 @@ impl Store {
     /// the last reference goes.
     fn drop_bytes(&mut self, id: ContentId) {
         if self.is_live(id) {
-            self.stale_entries += self.contents[id as usize].refs as usize;
+            self.stale_entries += usize::from(self.contents[id as usize].refs);
         }
         let c = &mut self.contents[id as usize];
         let place = std::mem::replace(&mut c.place, PackedPlace::new(Place::Dead)).get();
         if c.flags & HASHED != 0 {
             c.flags &= !HASHED;
-            if let Ok(entry) = self.dedup.find_entry(c.hash, |&i| i == id) {
+            if let Ok(entry) = self.dedup.find_entry(c.hash(), |&i| i == id) {
                 entry.remove();
             }
         }
@@ -502,7 +520,8 @@ impl Store {
         for (id, c) in self.contents.iter().enumerate() {
             let id = id as ContentId;
             let expected = refs.get(&id).copied().unwrap_or(0);
-            assert_eq!(c.refs, expected, "content {id}: refs {} but {expected} entries", c.refs);
+            let refs = u32::from(c.refs);
+            assert_eq!(refs, expected, "content {id}: refs {refs} but {expected} entries");
             if c.refs == 0 {
                 continue;
             }
@@ -535,15 +554,16 @@ impl Store {
             .iter()
             .enumerate()
             .filter(|(id, c)| c.refs > 0 && !self.is_live(*id as ContentId))
-            .map(|(_, c)| c.refs)
+            .map(|(_, c)| u32::from(c.refs))
             .sum();
         assert_eq!(stale_refs as usize, self.stale_entries, "stale entry count drifted");
         let mut hashes = std::collections::HashSet::new();
         for &id in &self.dedup {
             let c = &self.contents[id as usize];
             assert!(c.refs > 0 && c.flags & HASHED != 0, "stale dedup entry {id}");
-            assert!(hashes.insert(c.hash), "two dedup entries for one hash");
-            let found = self.dedup.find(c.hash, |&o| self.contents[o as usize].hash == c.hash);
+            assert!(hashes.insert(c.hash()), "two dedup entries for one hash");
+            let found =
+                self.dedup.find(c.hash(), |&o| self.contents[o as usize].hash() == c.hash());
             assert_eq!(found, Some(&id), "dedup entry {id} cannot be found by its hash");
         }
         assert_eq!(pinned, self.pinned, "pinned frame counts per segment drifted");
@@ -591,8 +611,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_content_takes_24_bytes() {
-        assert_eq!(std::mem::size_of::<Content>(), 24);
+    fn a_content_takes_20_bytes() {
+        assert_eq!(std::mem::size_of::<Content>(), 20);
+    }
+
+    #[test]
+    fn a_content_shared_to_its_limit_makes_the_next_copy_its_own() {
+        let mut store = Store::new(16 * PAGE_SIZE);
+        let page = vec![0x5au8; PAGE_SIZE];
+        let digest =
+            Digest::of(&page, fallow_core::DedupScope::Domain(fallow_core::TrustDomain(0)));
+        let first = store.intern(&page, digest, InternOptions::default()).unwrap();
+        for _ in 1..MAX_REFS {
+            assert_eq!(store.intern(&page, digest, InternOptions::default()), Ok(first));
+        }
+        let own = store.intern(&page, digest, InternOptions::default()).unwrap();
+        assert_ne!(own, first, "a 65 536th reference must not overflow the count");
+        assert_eq!(store.share(digest.hash.unwrap(), digest.crc, InternOptions::default()), None);
+        let mut refs = HashMap::new();
+        refs.insert(first, u32::from(MAX_REFS));
+        refs.insert(own, 1);
+        store.validate(&refs);
+        // Once a reference goes, the first content takes new ones again.
+        store.release(first);
+        assert_eq!(store.intern(&page, digest, InternOptions::default()), Ok(first));
+        store.validate(&refs);
     }
 
     #[test]

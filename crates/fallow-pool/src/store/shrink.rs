@@ -188,7 +188,7 @@ impl Store {
         Arena::frames_of(seg)
             .filter_map(|f| self.owner.get(f.index()).copied())
             .filter(|&id| id != NO_OWNER)
-            .map(|id| self.contents[id as usize].refs as usize)
+            .map(|id| usize::from(self.contents[id as usize].refs))
             .sum()
     }
 
