@@ -103,6 +103,7 @@ impl MiniSim {
         self.epoch_misses += 1;
         if self.slot_of.len() >= self.capacity {
             if let Some(victim) = self.policy.pop_victim() {
+                self.policy.evicted(self.hash_of[victim as usize]);
                 self.slot_of.remove(&self.hash_of[victim as usize]);
                 self.free.push(victim);
             }

@@ -202,6 +202,7 @@ fn random_ops_match_model(p: &mut dyn Eviction, ops: &[Op]) {
     let mut tracked: Vec<SlotId> = Vec::new(); // ordered, so indexes pick deterministically
     let mut free: Vec<SlotId> = Vec::new();
     let mut next_id: SlotId = 0;
+    let mut key_of = std::collections::HashMap::new();
     for op in ops {
         match *op {
             Op::Insert(key) => {
@@ -210,6 +211,7 @@ fn random_ops_match_model(p: &mut dyn Eviction, ops: &[Op]) {
                     next_id - 1
                 });
                 p.insert(id, hash(key));
+                key_of.insert(id, key);
                 tracked.push(id);
             }
             Op::Touch(i) if !tracked.is_empty() => {
@@ -227,6 +229,8 @@ fn random_ops_match_model(p: &mut dyn Eviction, ops: &[Op]) {
                     let at = at.unwrap_or_else(|| panic!("popped untracked {id}"));
                     tracked.swap_remove(at);
                     free.push(id);
+                    // As the engine does: the victim's key hash, right after the pop.
+                    p.evicted(hash(key_of[&id]));
                 }
                 None => assert!(tracked.is_empty(), "None while {} tracked", tracked.len()),
             },

@@ -48,6 +48,12 @@ pub trait Eviction: Send + 'static {
     /// tracked.
     fn pop_victim(&mut self) -> Option<SlotId>;
 
+    /// Tells the policy the key hash of the victim its last [`Eviction::pop_victim`]
+    /// returned. The caller knows the victim's key, so a policy that remembers its victims
+    /// (a ghost) need not keep a hash per page to learn it. Called at most once per victim,
+    /// before any other call; the default ignores it.
+    fn evicted(&mut self, _hash: u64) {}
+
     /// How many pages are tracked.
     fn len(&self) -> usize;
 

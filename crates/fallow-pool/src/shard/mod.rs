@@ -226,10 +226,12 @@ impl Shard {
         }
     }
 
-    /// Takes live slot `id` out of the index and its object, frees it, and returns it.
-    fn detach(&mut self, id: SlotId) -> Slot {
+    /// Takes live slot `id` out of the index and its object, frees it, and returns it with
+    /// its key's hash.
+    fn detach(&mut self, id: SlotId) -> (Slot, u64) {
         let slot = self.slot(id);
-        let found = self.index.find_entry(key_hash(&slot.key), |&x| x == id);
+        let hash = key_hash(&slot.key);
+        let found = self.index.find_entry(hash, |&x| x == id);
         found.expect("a live slot is indexed").remove();
         self.unlink(id);
         let s = &mut self.slots[id as usize];
@@ -238,13 +240,13 @@ impl Shard {
         }
         s.object = NIL;
         self.free_slots.push(id);
-        slot
+        (slot, hash)
     }
 
     /// Removes a page by slot id and returns it.
     pub fn remove(&mut self, id: SlotId) -> Slot {
         assert!(!self.slots[id as usize].is_free(), "remove of free slot {id}");
-        let slot = self.detach(id);
+        let (slot, _) = self.detach(id);
         if !slot.persistent {
             self.policy.remove(id);
         }
@@ -255,7 +257,9 @@ impl Shard {
     pub fn evict_one(&mut self) -> Option<Slot> {
         let id = self.policy.pop_victim()?;
         assert!(!self.slots[id as usize].is_free(), "policy returned free slot {id}");
-        Some(self.detach(id))
+        let (slot, hash) = self.detach(id);
+        self.policy.evicted(hash);
+        Some(slot)
     }
 
     /// Slot ids of every page of `object` in `pool`.
