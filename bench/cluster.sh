@@ -45,6 +45,7 @@ while (($#)); do
         *) sed -n '18,25p' "$0" >&2; exit 2 ;;
     esac
 done
+command_line="bash bench/cluster.sh${args_given:+ $args_given}"
 
 lend=256M
 lend_pages=65536        # 256 MiB of 4 KiB pages
@@ -60,34 +61,17 @@ if ((quick)); then
     kill_duration=4
 fi
 
-stamp=$(date +%Y-%m-%d-%H%M%S)
-out_dir=bench/out
-mkdir -p "$out_dir"
-prefix="$out_dir/cluster-$stamp"
-results="$prefix.jsonl"
-work=$(mktemp -d /tmp/fallow-cluster-bench.XXXXXX)
-
 # shellcheck source=bench/lib.sh
 . bench/lib.sh
-cleanup() {
-    stop_pids
-    rm -rf "$work"
-}
-trap cleanup EXIT
+bench_setup fallow-cluster-bench
+prefix="$out_dir/cluster-$stamp"
+results="$prefix.jsonl"
 
-step() { printf '\n==> [%s] %s\n' "$(date +%T)" "$*" >&2; }
 log() { printf '    [%s] %s\n' "$(date +%T)" "$*" >&2; }
 
 step "1/5 release build and secret"
-if [[ -n ${FALLOW_BIN:-} ]]; then
-    fallow=$FALLOW_BIN
-    echo "using $fallow (FALLOW_BIN), not a release build" >&2
-else
-    cargo build --release -p fallow >&2
-    fallow=target/release/fallow
-fi
-head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$work/secret"
-chmod 600 "$work/secret"
+build_fallow
+new_secret "$work/secret"
 secret=(--secret-file "$work/secret")
 
 # Cluster bookkeeping: cluster NAME has nodes "$NAME-1".. with ports in node_port[...] and
@@ -212,19 +196,13 @@ wait_progress() {
 }
 
 step "2/5 machine"
-dirty=$(git status --porcelain 2>/dev/null | wc -l)
-command_line="bash bench/cluster.sh${args_given:+ $args_given}"
 machine=$(
     cat <<EOF
 | | |
 |---|---|
-| CPU | $(lscpu | sed -n 's/^Model name: *//p' | head -n 1), $(nproc) vCPUs (a shared VM: other builds ran meanwhile) |
-| RAM (free -g, total) | $(free -g | awk '/^Mem:/ {print $2}') GiB |
-| kernel | $(uname -r) |
-| rustc | $(rustc -V) |
-| commit | $(git rev-parse --short HEAD)$( ((dirty > 0)) && echo " + $dirty uncommitted changed or new files (other work in progress)") |
-| load average at start | $(cut -d' ' -f1-3 /proc/loadavg) |
-| command | \`$command_line\` |
+| CPU | $(cpu_model), $(nproc) vCPUs (a shared VM: other builds ran meanwhile) |
+$(host_rows)
+$(run_rows " (other work in progress)" "$command_line")
 | date | $(date -u '+%Y-%m-%d %H:%M UTC') |
 | network | every node and the client on 127.0.0.1 of this one machine (there is no other); all share its CPUs |
 EOF
@@ -352,21 +330,7 @@ section="$prefix.md"
 cat "$section"
 
 if ((write)); then
-    python3 - "$section" <<'EOF'
-import re, sys
-section = open(sys.argv[1]).read().rstrip("\n")
-path = "BENCHMARKS.md"
-text = open(path).read()
-pattern = re.compile(r"<!-- cluster-bench:start -->.*?<!-- cluster-bench:end -->", re.S)
-if pattern.search(text):
-    text = pattern.sub(lambda _: section, text)
-else:
-    # Inside the cluster-client section, at its end.
-    end = "<!-- cluster-client:end -->"
-    if end not in text:
-        sys.exit("BENCHMARKS.md has no cluster-client section")
-    text = text.replace(end, "\n" + section + "\n" + end, 1)
-open(path, "w").write(text)
-EOF
+    # A first run puts it inside the cluster-client section, at its end.
+    write_section "$section" cluster-bench cluster-client
     echo "wrote the tables into BENCHMARKS.md" >&2
 fi

@@ -33,3 +33,88 @@ wait_listening() {
     echo "nothing listens on 127.0.0.1:$1 after 10 s" >&2
     return 1
 }
+
+# The rest is for the scripts that build fallow, write raw results to bench/out and a section
+# into BENCHMARKS.md (cluster.sh, node_vs_memcached.sh). Nothing below runs when sourced.
+
+# A numbered step of the run, on stderr.
+step() { printf '\n==> [%s] %s\n' "$(date +%T)" "$*" >&2; }
+
+# bench_setup NAME: sets $stamp (the run's date and time, for file names), $out_dir
+# (bench/out, created) and $work (a new directory /tmp/NAME.XXXXXX), and on exit stops every
+# process in $pids and removes $work.
+bench_setup() {
+    stamp=$(date +%Y-%m-%d-%H%M%S)
+    out_dir=bench/out
+    mkdir -p "$out_dir"
+    work=$(mktemp -d "/tmp/$1.XXXXXX")
+    trap bench_cleanup EXIT
+}
+bench_cleanup() {
+    stop_pids
+    rm -rf "$work"
+}
+
+# Sets $fallow: $FALLOW_BIN when set (for checking a script with a debug build), else a
+# release build of the workspace's binary.
+build_fallow() {
+    if [[ -n ${FALLOW_BIN:-} ]]; then
+        fallow=$FALLOW_BIN
+        echo "using $fallow (FALLOW_BIN), not a release build" >&2
+    else
+        cargo build --release -p fallow >&2
+        fallow=target/release/fallow
+    fi
+}
+
+# Writes a new random secret (64 hex digits) to file $1, readable by its owner only.
+new_secret() {
+    head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$1"
+    chmod 600 "$1"
+}
+
+# Rows of the machine table a section opens with ("| what | value |"), for a script to put in
+# its own order. The CPU's model name:
+cpu_model() { lscpu | sed -n 's/^Model name: *//p' | head -n 1; }
+# RAM, kernel and rustc:
+host_rows() {
+    echo "| RAM (free -g, total) | $(free -g | awk '/^Mem:/ {print $2}') GiB |"
+    echo "| kernel | $(uname -r) |"
+    echo "| rustc | $(rustc -V) |"
+}
+# run_rows NOTE COMMAND: the commit, with the number of files changed since (untracked ones
+# count too: a new benchmark is itself untracked until committed) followed by NOTE, the load
+# average now, and COMMAND.
+run_rows() {
+    local dirty
+    dirty=$(git status --porcelain 2>/dev/null | wc -l)
+    echo "| commit | $(git rev-parse --short HEAD)$( ((dirty > 0)) && echo " + $dirty uncommitted changed or new files$1") |"
+    echo "| load average at start | $(cut -d' ' -f1-3 /proc/loadavg) |"
+    echo "| command | \`$2\` |"
+}
+
+# write_section FILE NAME [WITHIN]: puts FILE, a section between the markers
+# "<!-- NAME:start -->" and "<!-- NAME:end -->", into BENCHMARKS.md in place of the one
+# between the same markers. Where there is none yet, it goes at the end of the section
+# WITHIN (before "<!-- WITHIN:end -->"; an error if BENCHMARKS.md has none), or without
+# WITHIN, at the end of the file.
+write_section() {
+    python3 - "$1" "$2" "${3:-}" <<'PY'
+import re, sys
+section = open(sys.argv[1]).read().rstrip("\n")
+name, within = sys.argv[2], sys.argv[3]
+path = "BENCHMARKS.md"
+text = open(path).read()
+pattern = re.compile(re.escape(f"<!-- {name}:start -->") + ".*?" + re.escape(f"<!-- {name}:end -->"), re.S)
+if pattern.search(text):
+    text = pattern.sub(lambda _: section, text)
+elif within:
+    end = f"<!-- {within}:end -->"
+    if end not in text:
+        sys.exit(f"BENCHMARKS.md has no {within} section")
+    text = text.replace(end, "\n" + section + "\n" + end, 1)
+else:
+    text = text.rstrip("\n") + "\n\n" + section + "\n"
+open(path, "w").write(text)
+PY
+}

@@ -43,6 +43,7 @@ while (($#)); do
         *) sed -n '8,21p' "$0" >&2; exit 2 ;;
     esac
 done
+command_line="bash bench/node_vs_memcached.sh${args_given:+ $args_given}"
 
 # name | what it measures | bench arguments (besides target, keys, duration, threads)
 configs=(
@@ -56,20 +57,11 @@ configs=(
     "dup-put-batched|dedup: put of 16 distinct pages, 2 conns, QD 4, batch 32|--workload put -c 2 -q 4 -b 32 --value dup"
 )
 
-stamp=$(date +%Y-%m-%d-%H%M%S)
-out_dir=bench/out
-mkdir -p "$out_dir"
-results="$out_dir/node-vs-memcached-$stamp.jsonl"
-section="$out_dir/node-vs-memcached-$stamp.md"
-work=$(mktemp -d /tmp/fallow-vs-mc.XXXXXX)
-
 # shellcheck source=bench/lib.sh
 . bench/lib.sh
-cleanup() {
-    stop_pids
-    rm -rf "$work"
-}
-trap cleanup EXIT
+bench_setup fallow-vs-mc
+results="$out_dir/node-vs-memcached-$stamp.jsonl"
+section="$out_dir/node-vs-memcached-$stamp.md"
 
 clk=$(getconf CLK_TCK)
 
@@ -89,19 +81,11 @@ cpu_sample() {
     }' "$work/times")"
 }
 
-step() { printf '\n==> [%s] %s\n' "$(date +%T)" "$*" >&2; }
-
 step "1/5 memcached and the release build"
 if ! command -v memcached >/dev/null; then
     apt-get -o DPkg::Lock::Timeout=600 install -y memcached >&2
 fi
-if [[ -n ${FALLOW_BIN:-} ]]; then
-    fallow=$FALLOW_BIN
-    echo "using $fallow (FALLOW_BIN), not a release build" >&2
-else
-    cargo build --release -p fallow >&2
-    fallow=target/release/fallow
-fi
+build_fallow
 if ((with_node)) && ! "$fallow" node --help >/dev/null 2>&1; then
     echo "this build has no 'fallow node': measuring memcached only" >&2
     with_node=0
@@ -120,8 +104,7 @@ targets=("memcached|memcached://127.0.0.1:$mc_port")
 secret_args=()
 if ((with_node)); then
     node_port=$(free_port)
-    head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$work/secret"
-    chmod 600 "$work/secret"
+    new_secret "$work/secret"
     "$fallow" node --listen "127.0.0.1:$node_port" --lend 1G --secret-file "$work/secret" \
         >"$out_dir/node-vs-memcached-$stamp.node.log" 2>&1 &
     node_pid=$!
@@ -133,22 +116,15 @@ if ((with_node)); then
 fi
 
 step "3/5 machine"
-# Untracked files count too: a new benchmark is itself untracked until committed.
-dirty=$(git status --porcelain 2>/dev/null | wc -l)
-command_line="bash bench/node_vs_memcached.sh${args_given:+ $args_given}"
 machine=$(
     cat <<EOF
 | | |
 |---|---|
-| CPU | $(lscpu | sed -n 's/^Model name: *//p' | head -n 1) |
+| CPU | $(cpu_model) |
 | cores (nproc) | $(nproc) |
-| RAM (free -g, total) | $(free -g | awk '/^Mem:/ {print $2}') GiB |
-| kernel | $(uname -r) |
-| rustc | $(rustc -V) |
+$(host_rows)
 | memcached | $(memcached -V) (\`-m 1024 -t 2 -I 2m\`) |
-| commit | $(git rev-parse --short HEAD)$( ((dirty > 0)) && echo " + $dirty uncommitted changed or new files") |
-| load average at start | $(cut -d' ' -f1-3 /proc/loadavg) |
-| command | \`$command_line\` |
+$(run_rows "" "$command_line")
 | runs | $rounds rounds x ${#configs[@]} configurations x ${#targets[@]} servers, $duration each, $keys keys, $threads client thread(s), order alternating |
 | date | $(date -u '+%Y-%m-%d %H:%M UTC') |
 EOF
@@ -229,17 +205,6 @@ mv "$section.full" "$section"
 cat "$section"
 
 if ((write)); then
-    python3 - "$section" <<'EOF'
-import re, sys
-section = open(sys.argv[1]).read().rstrip("\n")
-path = "BENCHMARKS.md"
-text = open(path).read()
-pattern = re.compile(r"<!-- node-vs-memcached:start -->.*?<!-- node-vs-memcached:end -->", re.S)
-if pattern.search(text):
-    text = pattern.sub(lambda _: section, text)
-else:
-    text = text.rstrip("\n") + "\n\n" + section + "\n"
-open(path, "w").write(text)
-EOF
+    write_section "$section" node-vs-memcached
     echo "wrote the section into BENCHMARKS.md" >&2
 fi

@@ -138,6 +138,16 @@ struct EngineGauges {
     budget_grows: Gauge,
 }
 
+/// Registers each `(name, handle, help)` in `registry`, in the order given (the order of the
+/// `/metrics` text). The registry keeps a clone of each handle, which shares its value with
+/// the handle `Metrics` keeps. A macro rather than a loop over a table: the handles are of
+/// several types, and one list keeps every metric's name, handle and help together.
+macro_rules! register {
+    ($registry:ident, $(($name:expr, $metric:expr, $help:expr)),+ $(,)?) => {
+        $($registry.register($name, $help, $metric.clone());)+
+    };
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
@@ -147,121 +157,17 @@ impl Default for Metrics {
 impl Metrics {
     /// Registers every metric.
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("fallow");
         let requests = Family::<OpStatus, Counter>::default();
-        registry.register("requests", "Requests answered, by op and status", requests.clone());
         let latency: HistogramFamily = Family::new_with_constructor(|| {
             // 2 µs to about 1 s, doubling.
             Histogram::new(exponential_buckets(2e-6, 2.0, 20))
         });
-        registry.register(
-            "request_duration_seconds",
-            "Time from a request's last byte read to its reply encoded, by op",
-            latency.clone(),
-        );
         let pages = Family::<PageResult, Counter>::default();
-        registry.register(
-            "pages",
-            "Pages by op and result (hit, miss, stored, refused)",
-            pages.clone(),
-        );
         let connections = Gauge::default();
-        registry.register("connections", "Open client connections", connections.clone());
         let connections_total = Counter::default();
-        registry.register(
-            "connections_accepted",
-            "Connections accepted",
-            connections_total.clone(),
-        );
         let rejections = Family::<Kind, Counter>::default();
-        registry.register(
-            "protocol_errors",
-            "Bad input and misbehaving peers, by kind (bad_frame, malformed, auth_failed, ...)",
-            rejections.clone(),
-        );
         let engine = EngineGauges::default();
-        let gauges: [(&str, &str, &Gauge); 15] = [
-            ("lent_bytes", "The lent budget", &engine.lent),
-            ("mapped_bytes", "Bytes mapped for page frames", &engine.mapped),
-            ("used_bytes", "Bytes of frames holding pages", &engine.used),
-            ("stored_pages", "Logical pages stored", &engine.pages),
-            ("dedup_saved_bytes", "Bytes saved by dedup and fill detection", &engine.dedup_saved),
-            ("compression_saved_bytes", "Bytes saved by compression", &engine.compression_saved),
-            (
-                "live_pool_evictions",
-                "Evictions counted by pools that still exist",
-                &engine.evictions,
-            ),
-            (
-                "checksum_failures",
-                "Reads whose checksum failed (returned as misses)",
-                &engine.corruptions,
-            ),
-            ("over_budget_bytes", "Persistent bytes a shrink could not shed", &engine.over_budget),
-            ("metadata_bytes", "Heap bytes of index and tables", &engine.metadata),
-            (
-                "content_summary_builds",
-                "Content summaries built for clients",
-                &engine.summary_builds,
-            ),
-            ("content_summary_bytes", "Size of the last content summary", &engine.summary_bytes),
-            ("clients", "Clients known (connected or within their lease)", &engine.clients),
-            ("pools", "Pools held by clients", &engine.pools),
-            (
-                "host_available_bytes",
-                "The host's available memory at the last governor sample",
-                &engine.host_available,
-            ),
-        ];
-        for (name, help, gauge) in gauges {
-            registry.register(name, help, gauge.clone());
-        }
-        registry.register(
-            "host_memory_pressure_some_avg10",
-            "PSI memory 'some' avg10 at the last governor sample (percent)",
-            engine.psi_some_avg10.clone(),
-        );
-        registry.register(
-            "budget_shrinks",
-            "Times the governor shrank the budget",
-            engine.budget_shrinks.clone(),
-        );
-        registry.register(
-            "budget_grows",
-            "Times the governor grew the budget",
-            engine.budget_grows.clone(),
-        );
         let cluster = ClusterGauges::default();
-        registry.register(
-            "cluster_members",
-            "Cluster members this node knows, by state (alive, suspect, dead), itself included",
-            cluster.members.clone(),
-        );
-        registry.register(
-            "cluster_member_events",
-            "Membership changes seen since start, by event (joined, failed, left, ...)",
-            cluster.events.clone(),
-        );
-        registry.register(
-            "gossip_sent_datagrams",
-            "Gossip datagrams sent",
-            cluster.sent_datagrams.clone(),
-        );
-        registry.register(
-            "gossip_sent_bytes",
-            "Gossip bytes sent (UDP payloads)",
-            cluster.sent_bytes.clone(),
-        );
-        registry.register(
-            "gossip_received_bytes",
-            "Authenticated gossip bytes received (UDP payloads)",
-            cluster.received_bytes.clone(),
-        );
-        registry.register(
-            "gossip_rejected_datagrams",
-            "Gossip datagrams dropped: wrong tag (another secret, a stranger) or not understood",
-            cluster.rejected.clone(),
-        );
         let forwarding = ForwardGauges {
             latency: Family::new_with_constructor(|| {
                 // 20 µs to about 10 s, doubling: these requests cross the network.
@@ -271,32 +177,83 @@ impl Metrics {
             pages: Family::default(),
             pools: Gauge::default(),
         };
-        registry.register(
-            "forwarded_requests",
-            "Requests on cluster pools forwarded to the cluster, by op and status",
-            forwarding.requests.clone(),
-        );
-        registry.register(
-            "forwarded_request_duration_seconds",
-            "Time to serve a request forwarded to the cluster, by op",
-            forwarding.latency.clone(),
-        );
-        registry.register(
-            "forwarded_pages",
-            "Pages of forwarded requests by op and result (hit, miss, stored, refused)",
-            forwarding.pages.clone(),
-        );
-        registry.register(
-            "cluster_pools",
-            "Cluster pools this node serves for its clients (peer forwarding)",
-            forwarding.pools.clone(),
-        );
         let forwarded_in_flight = Gauge::default();
-        registry.register(
-            "forwarded_in_flight",
-            "Forwarded requests running",
-            forwarded_in_flight.clone(),
-        );
+        let mut registry = Registry::with_prefix("fallow");
+        // Laid out by hand (rustfmt leaves `register! { }` alone): a name and its handle, then
+        // the help under them.
+        register! {
+            registry,
+            ("requests", requests,
+             "Requests answered, by op and status"),
+            ("request_duration_seconds", latency,
+             "Time from a request's last byte read to its reply encoded, by op"),
+            ("pages", pages,
+             "Pages by op and result (hit, miss, stored, refused)"),
+            ("connections", connections,
+             "Open client connections"),
+            ("connections_accepted", connections_total,
+             "Connections accepted"),
+            ("protocol_errors", rejections,
+             "Bad input and misbehaving peers, by kind (bad_frame, malformed, auth_failed, ...)"),
+            ("lent_bytes", engine.lent,
+             "The lent budget"),
+            ("mapped_bytes", engine.mapped,
+             "Bytes mapped for page frames"),
+            ("used_bytes", engine.used,
+             "Bytes of frames holding pages"),
+            ("stored_pages", engine.pages,
+             "Logical pages stored"),
+            ("dedup_saved_bytes", engine.dedup_saved,
+             "Bytes saved by dedup and fill detection"),
+            ("compression_saved_bytes", engine.compression_saved,
+             "Bytes saved by compression"),
+            ("live_pool_evictions", engine.evictions,
+             "Evictions counted by pools that still exist"),
+            ("checksum_failures", engine.corruptions,
+             "Reads whose checksum failed (returned as misses)"),
+            ("over_budget_bytes", engine.over_budget,
+             "Persistent bytes a shrink could not shed"),
+            ("metadata_bytes", engine.metadata,
+             "Heap bytes of index and tables"),
+            ("content_summary_builds", engine.summary_builds,
+             "Content summaries built for clients"),
+            ("content_summary_bytes", engine.summary_bytes,
+             "Size of the last content summary"),
+            ("clients", engine.clients,
+             "Clients known (connected or within their lease)"),
+            ("pools", engine.pools,
+             "Pools held by clients"),
+            ("host_available_bytes", engine.host_available,
+             "The host's available memory at the last governor sample"),
+            ("host_memory_pressure_some_avg10", engine.psi_some_avg10,
+             "PSI memory 'some' avg10 at the last governor sample (percent)"),
+            ("budget_shrinks", engine.budget_shrinks,
+             "Times the governor shrank the budget"),
+            ("budget_grows", engine.budget_grows,
+             "Times the governor grew the budget"),
+            ("cluster_members", cluster.members,
+             "Cluster members this node knows, by state (alive, suspect, dead), itself included"),
+            ("cluster_member_events", cluster.events,
+             "Membership changes seen since start, by event (joined, failed, left, ...)"),
+            ("gossip_sent_datagrams", cluster.sent_datagrams,
+             "Gossip datagrams sent"),
+            ("gossip_sent_bytes", cluster.sent_bytes,
+             "Gossip bytes sent (UDP payloads)"),
+            ("gossip_received_bytes", cluster.received_bytes,
+             "Authenticated gossip bytes received (UDP payloads)"),
+            ("gossip_rejected_datagrams", cluster.rejected,
+             "Gossip datagrams dropped: wrong tag (another secret, a stranger) or not understood"),
+            ("forwarded_requests", forwarding.requests,
+             "Requests on cluster pools forwarded to the cluster, by op and status"),
+            ("forwarded_request_duration_seconds", forwarding.latency,
+             "Time to serve a request forwarded to the cluster, by op"),
+            ("forwarded_pages", forwarding.pages,
+             "Pages of forwarded requests by op and result (hit, miss, stored, refused)"),
+            ("cluster_pools", forwarding.pools,
+             "Cluster pools this node serves for its clients (peer forwarding)"),
+            ("forwarded_in_flight", forwarded_in_flight,
+             "Forwarded requests running"),
+        }
         // Every label from the start, at 0, so a dashboard sees the series before any change.
         for state in MemberState::ALL {
             let _ = cluster.members.get_or_create(&StateLabel { state: state.name() });
@@ -466,4 +423,37 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> std::io::Result<SocketAddr> {
     fallow_net::serve_metrics(addr, shutdown, move || node.metrics().render(&node)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The registration list keeps each metric's name, type, help and labels: one of each
+    /// kind (counter, gauge, float gauge, labelled families, histograms) from every group.
+    #[test]
+    fn every_group_is_registered() {
+        let metrics = Metrics::new();
+        let mut text = String::new();
+        encode(&mut text, &metrics.registry).unwrap();
+        for line in [
+            "# TYPE fallow_requests counter",
+            "fallow_requests_total{op=\"get\",status=\"ok\"} 0",
+            "# TYPE fallow_request_duration_seconds histogram",
+            "# TYPE fallow_connections_accepted counter",
+            "# HELP fallow_lent_bytes The lent budget.",
+            "# TYPE fallow_lent_bytes gauge",
+            "# TYPE fallow_host_memory_pressure_some_avg10 gauge",
+            "fallow_host_memory_pressure_some_avg10 0.0",
+            "# TYPE fallow_budget_grows gauge",
+            "fallow_cluster_members{state=\"alive\"} 0",
+            "# TYPE fallow_gossip_rejected_datagrams gauge",
+            "# TYPE fallow_forwarded_request_duration_seconds histogram",
+            "# TYPE fallow_forwarded_in_flight gauge",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no line {line:?} in\n{text}");
+        }
+        // Every metric once, none lost or doubled (a new metric raises this count).
+        assert_eq!(text.matches("# TYPE ").count(), 35, "{text}");
+    }
 }
