@@ -41,6 +41,8 @@ struct Sims {
     epoch_len: usize,
     max_epoch_len: usize,
     epoch_accesses: usize,
+    /// The capacity changed since the simulations were built for it.
+    stale: bool,
 }
 
 /// Chooses the small-queue share for the `s3fifo-lean` policies of one engine.
@@ -63,6 +65,7 @@ impl ShareChooser {
                 epoch_len: 0,
                 max_epoch_len: 0,
                 epoch_accesses: 0,
+                stale: false,
             }),
             choice: AtomicUsize::new(INITIAL_CHOICE),
             threshold: AtomicU64::new(0),
@@ -77,13 +80,17 @@ impl ShareChooser {
     }
 
     /// One policy's capacity changed from `old` to `new` pages: the total changes by the
-    /// difference, and the simulations start over at the new size.
+    /// difference, and the simulations start over at the new size. A budget change resizes
+    /// every shard's policy in turn, so the simulations are rebuilt once, at the next
+    /// access, not once per shard.
     pub(super) fn resize(&self, old: usize, new: usize) {
         let mut sims = self.sims.lock();
         let total = (sims.capacity + new).saturating_sub(old).max(1);
         if total != sims.capacity {
             sims.capacity = total;
-            self.reset(&mut sims);
+            sims.stale = true;
+            // Sample every access until the rebuild, which sets the real rate.
+            self.threshold.store(u64::MAX, Ordering::Relaxed);
         }
     }
 
@@ -99,20 +106,30 @@ impl ShareChooser {
                 MiniSim::with_policy(Box::new(FixedShare::new(sim_capacity, share)), sim_capacity)
             })
             .collect();
+        sims.stale = false;
         sims.epoch_len = MIN_EPOCH;
         sims.max_epoch_len = sim_capacity.max(MIN_EPOCH);
         sims.epoch_accesses = 0;
     }
 
+    /// True when the key whose hash is `hash` is in the simulations' sample (the same remix
+    /// and sample as `adaptive`'s simulations).
+    fn sampled(&self, hash: u64) -> bool {
+        (hash.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) < self.threshold.load(Ordering::Relaxed)
+    }
+
     /// An access to the key whose hash is `hash` (a hit or a miss, in any shard).
     pub(super) fn observe(&self, hash: u64) {
-        // The same remix and sample as `adaptive`'s simulations.
-        if (hash.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32)
-            >= self.threshold.load(Ordering::Relaxed)
-        {
+        if !self.sampled(hash) {
             return;
         }
         let mut guard = self.sims.lock();
+        if guard.stale {
+            self.reset(&mut guard);
+            if !self.sampled(hash) {
+                return;
+            }
+        }
         let s = &mut *guard;
         s.sims.iter_mut().for_each(|sim| sim.access(hash));
         s.epoch_accesses += 1;
@@ -131,7 +148,8 @@ impl ShareChooser {
         }
     }
 
-    /// Heap bytes of the simulations.
+    /// Heap bytes of the simulations (those of the old size until the first access after
+    /// a resize rebuilds them).
     pub(super) fn heap_bytes(&self) -> usize {
         self.sims.lock().sims.iter().map(MiniSim::heap_bytes).sum()
     }
