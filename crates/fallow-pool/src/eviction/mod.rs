@@ -17,6 +17,9 @@ pub type SlotId = u32;
 /// * The policy MUST track an inserted id until it is returned by [`Eviction::pop_victim`]
 ///   or passed to [`Eviction::remove`], and MUST NOT return an id it does not track.
 /// * [`Eviction::pop_victim`] returns `None` only when nothing is tracked.
+/// * The caller may follow a [`Eviction::pop_victim`] with [`Eviction::evicted`] and the
+///   victim's key hash (the engine always does; the conformance suite does too), and a
+///   policy must stay correct when it does not.
 /// * Every method is O(1) amortized.
 pub trait Eviction: Send + 'static {
     /// A short, stable name (`lru`, `s3fifo`, ...), as accepted by `--policy`.
