@@ -30,7 +30,8 @@ use super::s3fifo_lean::FixedShare;
 /// Small-queue shares the simulations compare, one decade apart around the paper's 10 %;
 /// 100 % is LRU.
 pub(super) const SHARES: [f64; 3] = [0.01, 0.10, 1.0];
-/// The live policy starts with the paper's share.
+/// The live policy starts with the paper's share. The start matters on short traces:
+/// starting as LRU or at 1 % trades one trace goal for the other (RFC 0001, session 6).
 const INITIAL_CHOICE: usize = 1;
 
 /// The simulations and their epoch clock.
