@@ -128,6 +128,7 @@ struct EngineGauges {
     corruptions: Gauge,
     over_budget: Gauge,
     metadata: Gauge,
+    small_share: Gauge,
     summary_builds: Gauge,
     summary_bytes: Gauge,
     clients: Gauge,
@@ -215,6 +216,8 @@ impl Metrics {
              "Persistent bytes a shrink could not shed"),
             ("metadata_bytes", engine.metadata,
              "Heap bytes of index and tables"),
+            ("eviction_small_share_percent", engine.small_share,
+             "Small-queue share of the cache the eviction policy chose (100: LRU; 0: none)"),
             ("content_summary_builds", engine.summary_builds,
              "Content summaries built for clients"),
             ("content_summary_bytes", engine.summary_bytes,
@@ -369,6 +372,7 @@ impl Metrics {
         set(&e.corruptions, stats.corruptions);
         set(&e.over_budget, (stats.over_budget_frames * fallow_core::PAGE_SIZE) as u64);
         set(&e.metadata, stats.metadata_bytes as u64);
+        set(&e.small_share, stats.small_share_percent.map_or(0, u64::from));
         let (builds, bytes) = node.summaries().usage();
         set(&e.summary_builds, builds);
         set(&e.summary_bytes, bytes as u64);
@@ -446,6 +450,7 @@ mod tests {
             "# TYPE fallow_host_memory_pressure_some_avg10 gauge",
             "fallow_host_memory_pressure_some_avg10 0.0",
             "# TYPE fallow_budget_grows gauge",
+            "# TYPE fallow_eviction_small_share_percent gauge",
             "fallow_cluster_members{state=\"alive\"} 0",
             "# TYPE fallow_gossip_rejected_datagrams gauge",
             "# TYPE fallow_forwarded_request_duration_seconds histogram",
@@ -454,6 +459,6 @@ mod tests {
             assert!(text.lines().any(|l| l == line), "no line {line:?} in\n{text}");
         }
         // Every metric once, none lost or doubled (a new metric raises this count).
-        assert_eq!(text.matches("# TYPE ").count(), 35, "{text}");
+        assert_eq!(text.matches("# TYPE ").count(), 36, "{text}");
     }
 }

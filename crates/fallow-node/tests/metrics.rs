@@ -53,6 +53,7 @@ fn metrics_follow_the_traffic() {
     assert_eq!(value(&text, "fallow_request_duration_seconds_count{op=\"put\"}"), 11.0);
     assert_eq!(value(&text, "fallow_lent_bytes"), (64u64 << 20) as f64);
     assert_eq!(value(&text, "fallow_stored_pages"), 11.0);
+    assert_eq!(value(&text, "fallow_eviction_small_share_percent"), 10.0, "the default start");
     assert_eq!(value(&text, "fallow_dedup_saved_bytes"), PAGE_SIZE as f64, "the zero page");
     assert!(value(&text, "fallow_used_bytes") >= (10 * PAGE_SIZE) as f64);
     assert_eq!(value(&text, "fallow_connections"), 1.0);

@@ -625,15 +625,20 @@ impl Inner {
     fn stats(&self) -> EngineStats {
         let mut metadata = 0;
         let mut policy = "";
+        let mut small_share = None;
         for shard in self.shards.iter() {
             let shard = shard.lock();
             metadata += shard.heap_bytes();
             policy = shard.policy_name();
+            small_share = shard.small_share();
         }
         let usage = self.store.read().usage();
         let pools: Vec<PoolStats> =
             self.pools.read().all().iter().map(|(id, s)| PoolStats::of(*id, s)).collect();
-        EngineStats::new(usage, metadata, self.shards.len(), policy, pools)
+        let mut stats = EngineStats::new(usage, metadata, self.shards.len(), policy, pools);
+        stats.small_share_percent =
+            small_share.map(|s| (s * 100.0).round().clamp(0.0, 100.0) as u8);
+        stats
     }
 
     fn validate(&self) {

@@ -89,6 +89,10 @@ pub struct EngineStats {
     pub shards: usize,
     /// Eviction policy.
     pub policy: &'static str,
+    /// The small-queue share of the capacity, in percent, that the policy chose from the
+    /// workload, if it chooses one (`s3fifo-lean`, the default: 1, 10, or 100 when the
+    /// workload is best served by LRU); one choice for the whole engine.
+    pub small_share_percent: Option<u8>,
     /// Every pool.
     pub pools: Vec<PoolStats>,
 }
@@ -123,6 +127,7 @@ impl EngineStats {
             metadata_bytes: index_bytes + usage.heap_bytes,
             shards,
             policy,
+            small_share_percent: None,
             pools,
         }
     }

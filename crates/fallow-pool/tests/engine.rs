@@ -389,3 +389,41 @@ fn a_persistent_batch_takes_room_from_ephemeral_pages_in_every_shard() {
     assert_eq!(e.pool_stats(cache).unwrap().pages, 0);
     e.validate();
 }
+
+/// Replays `keys` as a cache would (a get, and a put on a miss) in one ephemeral pool.
+fn replay(e: &Engine, pool: fallow_core::PoolId, keys: impl Iterator<Item = u64>) {
+    let mut out = vec![0u8; PAGE_SIZE];
+    for k in keys {
+        let key = PageKey::new(pool, k / 64, k % 64);
+        if !e.get(key, &mut out).unwrap().is_hit() {
+            // An ephemeral put may be dropped; either outcome is a fine cache.
+            let _ = e.put(key, &page(k)).unwrap();
+        }
+    }
+}
+
+#[test]
+fn issue_2_every_shard_follows_one_share_learned_from_the_whole_workload() {
+    // Four shards of a 512-page engine share one set of simulations. A zigzag over three
+    // times the cache is served best by LRU. Then a hot set of 200 pages, read three times
+    // in a row between scans of 400 new pages: LRU loses the hot set to every scan, S3-FIFO
+    // keeps it in its main queue.
+    let e = Engine::new(
+        EngineBuilder::new(512 * PAGE_SIZE).shards(4).compress_interval(None).build().unwrap(),
+    );
+    let pool = e.create_pool(&PoolSpec::ephemeral()).unwrap();
+    assert_eq!(e.stats().small_share_percent, Some(10), "the default policy starts at 10 %");
+    let zigzag = (0..12u64)
+        .flat_map(|round| (0..1536u64).map(move |i| if round % 2 == 0 { i } else { 1535 - i }));
+    replay(&e, pool, zigzag);
+    e.validate();
+    assert_eq!(e.stats().small_share_percent, Some(100), "a zigzag should make it LRU");
+    let hot_and_scans = (0..40u64).flat_map(|round| {
+        let hot = (0..3).flat_map(|_| 20_000..20_200u64);
+        hot.chain(100_000 + round * 400..100_000 + (round + 1) * 400)
+    });
+    replay(&e, pool, hot_and_scans);
+    e.validate();
+    let share = e.stats().small_share_percent;
+    assert!(matches!(share, Some(1 | 10)), "scans should make it leave LRU, share {share:?}");
+}

@@ -95,6 +95,8 @@ fn flags_win_over_the_config_file_and_stat_reports_the_node() {
     let text = String::from_utf8_lossy(&table.stdout);
     assert!(text.contains("lent          48.0 MiB (fixed)"), "{text}");
     assert!(text.contains("hit ratio"), "{text}");
+    // The config chose `lru`, which has no small queue to report.
+    assert!(!text.contains("small queue"), "{text}");
     let _ = std::fs::remove_file(config);
     let _ = std::fs::remove_file(secret);
 }

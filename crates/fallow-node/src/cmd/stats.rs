@@ -44,6 +44,9 @@ pub(super) fn collect(node: &Node, client: &Client) -> Reply {
     ] {
         add(name.to_string(), value);
     }
+    if let Some(percent) = stats.small_share_percent {
+        add("eviction_small_share_percent".into(), u64::from(percent));
+    }
     if let Some(lending) = node.lending_status() {
         add("lend_auto".into(), (lending.mode == "auto") as u64);
         add("lend_target_bytes".into(), lending.target_bytes);

@@ -57,6 +57,13 @@ pub trait Eviction: Send + 'static {
     /// before any other call; the default ignores it.
     fn evicted(&mut self, _hash: u64) {}
 
+    /// The small (probationary) queue's share of the capacity, for a policy that chooses it
+    /// while running (`s3fifo-lean`: 0.01, 0.1 or 1.0, which is LRU); `None` for the others.
+    /// For stats and metrics: what the policy has learned of the workload.
+    fn small_share(&self) -> Option<f64> {
+        None
+    }
+
     /// How many pages are tracked.
     fn len(&self) -> usize;
 

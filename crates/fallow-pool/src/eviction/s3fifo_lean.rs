@@ -328,6 +328,11 @@ impl Eviction for S3FifoLean {
         self.live.evicted(hash);
     }
 
+    fn small_share(&self) -> Option<f64> {
+        // The engine's choice, which this shard takes up at its next insert or eviction.
+        Some(SHARES[self.chooser.choice()])
+    }
+
     fn len(&self) -> usize {
         self.live.len()
     }

@@ -126,6 +126,11 @@ impl Shard {
         self.policy.name()
     }
 
+    /// The policy's small-queue share, if it chooses one (`Eviction::small_share`).
+    pub fn small_share(&self) -> Option<f64> {
+        self.policy.small_share()
+    }
+
     /// Tells the policy how many pages this shard holds when full.
     ///
     /// The index keeps the capacity it grew to: shrinking it would rehash every entry under

@@ -138,6 +138,10 @@ fn table(node: &str, node_id: u128, stats: &NodeStats) -> String {
         format!("{:.3}", hits as f64 / (hits + misses) as f64)
     };
     rows.push(("hit ratio", format!("{ratio} ({hits} hits, {misses} misses)")));
+    if let Some(percent) = stats.get("eviction_small_share_percent") {
+        let shape = if percent >= 100 { "LRU" } else { "S3-FIFO" };
+        rows.push(("eviction", format!("small queue {percent} % of the cache ({shape})")));
+    }
     rows.push((
         "puts",
         format!(
@@ -223,10 +227,12 @@ mod tests {
                 entry("lend_auto", 1),
                 entry("host_available_bytes", 2 << 30),
                 entry("psi_some_avg10_centi", 150),
+                entry("eviction_small_share_percent", 100),
             ],
         };
         let text = table("127.0.0.1:7400", 1, &stats);
         assert!(text.contains("hit ratio     0.750 (3 hits, 1 misses)"), "{text}");
+        assert!(text.contains("eviction      small queue 100 % of the cache (LRU)"), "{text}");
         assert!(text.contains("1.0 GiB (auto"), "{text}");
         assert!(text.contains("PSI some avg10 1.50 %"), "{text}");
     }
