@@ -26,12 +26,9 @@ pub struct Fills {
     by_word: HashTable<FillId>,
 }
 
-/// splitmix64's finalizer: the table uses both high bits (tags) and low bits (buckets).
+/// A well-mixed hash of a fill word.
 fn word_hash(word: u64) -> u64 {
-    let mut z = word.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+    super::mix64(word.wrapping_add(0x9E37_79B9_7F4A_7C15))
 }
 
 impl Fills {

@@ -32,6 +32,15 @@ use crate::store::ContentId;
 use fills::Fills;
 use objects::{ObjectRef, Objects, NIL};
 
+/// splitmix64's finalizer: spreads a 64-bit value over all bits, for the shard's small
+/// tables (objects, fill words), which use both a hash's high bits (tags) and its low bits
+/// (buckets).
+fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 /// A well-mixed hash of a key: its high bits pick the shard, all of it feeds the index and
 /// the policy.
 pub(crate) fn key_hash(key: &PageKey) -> u64 {

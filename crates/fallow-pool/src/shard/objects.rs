@@ -40,13 +40,9 @@ pub struct Objects {
     by_key: HashTable<ObjectRef>,
 }
 
-/// A well-mixed hash of `(pool, object)` (splitmix64's finalizer): the table uses both its
-/// high bits (tags) and its low bits (buckets).
+/// A well-mixed hash of `(pool, object)`.
 fn object_hash(pool: PoolId, object: ObjectId) -> u64 {
-    let mut z = object ^ u64::from(pool.0).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+    super::mix64(object ^ u64::from(pool.0).wrapping_mul(0x9E37_79B9_7F4A_7C15))
 }
 
 impl Objects {

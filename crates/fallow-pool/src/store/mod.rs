@@ -202,7 +202,8 @@ impl Store {
         digest: Digest,
         opts: InternOptions,
     ) -> Result<ContentId, ArenaFull> {
-        if let Some(hash) = digest.hash.map(hash_key) {
+        let key = digest.hash.map(hash_key);
+        if let Some(hash) = key {
             let contents = &self.contents;
             let found = self.dedup.find(hash, |&id| contents[id as usize].hash() == hash);
             if let Some(&id) = found {
@@ -229,12 +230,12 @@ impl Store {
             flags,
             accessed: AtomicBool::new(opts.compressible),
         };
-        if let Some(hash) = digest.hash {
-            content.hash = split_key(hash_key(hash));
+        if let Some(key) = key {
+            content.hash = split_key(key);
             content.flags |= HASHED;
         }
         let id = crate::dense::place(&mut self.contents, &mut self.free_contents, content);
-        if let Some(key) = digest.hash.map(hash_key) {
+        if let Some(key) = key {
             // A hash collision with different bytes keeps the first content in the table
             // and the new one is simply not shared, unless the first has lost its bytes.
             let contents = &self.contents;

@@ -84,8 +84,8 @@ impl Store {
         for &seg in &release {
             // Most segments hold no persistent page: then nothing in them is visited.
             if self.pinned[seg] == 0 || self.evacuate_pinned(seg, &release, report) {
-                let stale = self.stale_frames(seg);
-                self.stale_entries += self.stale_refs(seg);
+                let (stale, refs) = self.stale_frames_and_refs(seg);
+                self.stale_entries += refs;
                 report.contents_dropped += stale;
                 self.dropped += stale as u64;
                 released.push((seg, stale));
@@ -182,20 +182,15 @@ impl Store {
         false
     }
 
-    /// Frames of segment `seg` still in use (by unpinned contents, after evacuation).
-    /// References held on the contents of segment `seg`, about to lose their bytes.
-    fn stale_refs(&self, seg: usize) -> usize {
+    /// Frames of segment `seg` still in use (by unpinned contents, after evacuation), and
+    /// the references (index entries) held on their contents, about to lose their bytes.
+    fn stale_frames_and_refs(&self, seg: usize) -> (usize, usize) {
         Arena::frames_of(seg)
             .filter_map(|f| self.owner.get(f.index()).copied())
             .filter(|&id| id != NO_OWNER)
-            .map(|id| usize::from(self.contents[id as usize].refs))
-            .sum()
-    }
-
-    fn stale_frames(&self, seg: usize) -> usize {
-        Arena::frames_of(seg)
-            .filter(|f| self.owner.get(f.index()).is_some_and(|&id| id != NO_OWNER))
-            .count()
+            .fold((0, 0), |(frames, refs), id| {
+                (frames + 1, refs + usize::from(self.contents[id as usize].refs))
+            })
     }
 
     /// Drops unpinned pages until no more than `limit` frames are in use.
