@@ -103,7 +103,19 @@ pub use share_chooser::ShareChooser;
 pub use wtinylfu::{WTinyLfu, WindowSizing};
 
 /// Every name [`by_name`] accepts.
-pub const POLICY_NAMES: &[&str] = &["adaptive", "lru", "s3fifo", "wtinylfu", "lirs", "s3fifo-lean"];
+/// `s3fifo-lean-1`, `-10` and `-100` are `s3fifo-lean` with its small-queue share held at
+/// 1 %, 10 % or 100 % (LRU): the policies its simulations compare.
+pub const POLICY_NAMES: &[&str] = &[
+    "adaptive",
+    "lru",
+    "s3fifo",
+    "wtinylfu",
+    "lirs",
+    "s3fifo-lean",
+    "s3fifo-lean-1",
+    "s3fifo-lean-10",
+    "s3fifo-lean-100",
+];
 
 /// The policy a pool uses unless configured otherwise: `s3fifo-lean`, S3-FIFO in 2 bytes
 /// of state per page whose small-queue share (1 %, 10 % or 100 %, i.e. LRU) miniature
@@ -136,7 +148,10 @@ pub fn by_name(name: &str, capacity: usize) -> Option<Box<dyn Eviction>> {
         "wtinylfu" => Box::new(WTinyLfu::new(capacity)),
         "lirs" => Box::new(Lirs::new(capacity)),
         "s3fifo-lean" => Box::new(S3FifoLean::new(capacity)),
-        _ => return None,
+        _ => {
+            let share = share_chooser::FIXED_NAMES.iter().position(|&n| n == name)?;
+            Box::new(s3fifo_lean::FixedShare::new(capacity, share_chooser::SHARES[share]))
+        }
     };
     Some(policy)
 }

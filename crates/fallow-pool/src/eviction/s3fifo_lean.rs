@@ -55,7 +55,7 @@
 use std::sync::Arc;
 
 use super::s3fifo_queues::{Queues, Q_MAIN, Q_SMALL};
-use super::share_chooser::{ShareChooser, SHARES};
+use super::share_chooser::{ShareChooser, FIXED_NAMES, SHARES};
 use super::{Eviction, SlotId};
 
 /// The ghost remembers this share of the capacity in pages evicted from small (the paper
@@ -190,7 +190,11 @@ impl FixedShare {
 
 impl Eviction for FixedShare {
     fn name(&self) -> &'static str {
-        "s3fifo-lean"
+        SHARES.iter().position(|&s| s == self.share).map_or("s3fifo-lean", |i| FIXED_NAMES[i])
+    }
+
+    fn small_share(&self) -> Option<f64> {
+        Some(self.share)
     }
 
     fn set_capacity(&mut self, pages: usize) {
@@ -275,8 +279,10 @@ impl S3FifoLean {
         Self { live: FixedShare::new(capacity, SHARES[choice]), chooser, choice, capacity }
     }
 
-    /// The small queue's live share of the capacity (1.0: plain LRU).
-    pub fn small_share(&self) -> f64 {
+    /// The small queue's share of the capacity this shard runs with now (1.0: plain LRU);
+    /// [`Eviction::small_share`] is the engine's choice, which it takes up at its next
+    /// insert or eviction.
+    pub fn live_share(&self) -> f64 {
         SHARES[self.choice]
     }
 
@@ -407,6 +413,7 @@ mod tests {
             let keys = &mut self.key_of[shard];
             let id = if keys.len() >= self.per_shard {
                 let victim = p.pop_victim().expect("a full shard has a victim");
+                p.evicted(hash(keys[victim as usize]));
                 self.slot_of.remove(&keys[victim as usize]);
                 keys[victim as usize] = key;
                 victim
@@ -429,7 +436,7 @@ mod tests {
         let keys = zigzag(300, 40);
         let misses = keys.iter().filter(|&&key| driver.access(&mut p, key)).count();
         p[0].validate();
-        assert_eq!(p[0].small_share(), 1.0, "the LRU simulation should lead");
+        assert_eq!(p[0].live_share(), 1.0, "the LRU simulation should lead");
         let ratio = misses as f64 / keys.len() as f64;
         assert!(ratio < 0.70, "miss ratio {ratio}");
     }
@@ -448,7 +455,7 @@ mod tests {
         for p in &mut shards {
             p.pop_victim();
             p.validate();
-            assert_eq!(p.small_share(), 1.0, "every shard follows the shared choice");
+            assert_eq!(p.live_share(), 1.0, "every shard follows the shared choice");
         }
     }
 

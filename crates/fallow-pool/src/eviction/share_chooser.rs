@@ -30,6 +30,9 @@ use super::s3fifo_lean::FixedShare;
 /// Small-queue shares the simulations compare, one decade apart around the paper's 10 %;
 /// 100 % is LRU.
 pub(super) const SHARES: [f64; 3] = [0.01, 0.10, 1.0];
+/// The policy names of each share held fixed (`by_name`): the simulations' own policies,
+/// to compare the choice with what each share alone would do.
+pub(super) const FIXED_NAMES: [&str; 3] = ["s3fifo-lean-1", "s3fifo-lean-10", "s3fifo-lean-100"];
 /// The live policy starts with the paper's share. The start matters on short traces:
 /// starting as LRU or at 1 % trades one trace goal for the other (RFC 0001, session 6).
 const INITIAL_CHOICE: usize = 1;
