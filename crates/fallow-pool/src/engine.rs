@@ -122,7 +122,11 @@ impl Engine {
         let shards = eviction::for_shards(config.policy, per_shard, config.shards)
             .expect("config.policy was validated by EngineBuilder::build")
             .into_iter()
-            .map(|policy| Mutex::new(Shard::new(policy)))
+            .map(|policy| {
+                let mut shard = Shard::new(policy);
+                shard.reserve(per_shard);
+                Mutex::new(shard)
+            })
             .collect();
         let inner = Arc::new(Inner {
             pools: RwLock::new(PoolTable::default()),

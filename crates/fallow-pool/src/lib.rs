@@ -40,6 +40,7 @@ mod dense;
 mod engine;
 mod engine_async;
 pub mod eviction;
+mod id_table;
 mod pools;
 mod prehashed;
 mod shard;

@@ -20,13 +20,29 @@ pub(crate) const NIL: u32 = u32::MAX;
 pub(crate) struct Links {
     prev: Vec<u32>,
     next: Vec<u32>,
+    /// Slot ids to expect when the cache is full ([`Links::expect`]).
+    expected: usize,
 }
 
 impl Links {
-    /// Grows the arrays so `id` has an entry. Amortized O(1): `Vec` doubles.
+    /// Says how many slot ids to expect when the cache is full, so that the arrays grow to
+    /// exactly that ([`crate::dense::grow`]).
+    pub(crate) fn expect(&mut self, ids: usize) {
+        self.expected = ids;
+    }
+
+    /// The slot ids it expects ([`Links::expect`]).
+    pub(crate) fn expected(&self) -> usize {
+        self.expected
+    }
+
+    /// Grows the arrays so `id` has an entry. Amortized O(1): they double (up to the
+    /// expected size).
     pub(crate) fn ensure(&mut self, id: SlotId) {
         let need = id as usize + 1;
         if need > self.prev.len() {
+            crate::dense::grow(&mut self.prev, need, self.expected);
+            crate::dense::grow(&mut self.next, need, self.expected);
             self.prev.resize(need, NIL);
             self.next.resize(need, NIL);
         }

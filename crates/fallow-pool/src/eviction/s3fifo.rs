@@ -49,6 +49,7 @@ impl Eviction for S3Fifo {
 
     fn set_capacity(&mut self, pages: usize) {
         self.capacity = pages;
+        self.queues.expect(pages);
         self.small_target = (pages * SMALL_PERCENT / 100).max(1);
         self.ghost.set_capacity(pages.saturating_sub(self.small_target));
     }

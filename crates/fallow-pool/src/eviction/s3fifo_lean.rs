@@ -199,6 +199,7 @@ impl Eviction for FixedShare {
 
     fn set_capacity(&mut self, pages: usize) {
         self.capacity = pages.max(1);
+        self.queues.expect(self.capacity);
         let ghost = ((self.capacity as f64 * GHOST_SHARE) as usize).max(1);
         self.ghost.set_capacity(self.capacity, ghost);
         self.set_share(self.share);

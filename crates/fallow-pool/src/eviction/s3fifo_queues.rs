@@ -35,6 +35,12 @@ pub(super) struct Queues {
 }
 
 impl Queues {
+    /// Says how many slot ids to expect when the cache (`pages` pages) is full, so that
+    /// the per-slot arrays grow to exactly that.
+    pub(super) fn expect(&mut self, pages: usize) {
+        self.links.expect(crate::dense::with_headroom(pages));
+    }
+
     /// The queue slot `id` is on (`Q_NONE` for an untracked slot).
     pub(super) fn queue(&self, id: SlotId) -> u8 {
         self.state.get(id as usize).map_or(Q_NONE, |s| s & Q_MASK)
@@ -63,6 +69,8 @@ impl Queues {
     pub(super) fn insert(&mut self, id: SlotId, queue: u8) {
         self.links.ensure(id);
         if self.state.len() <= id as usize {
+            let expected = self.links.expected();
+            crate::dense::grow(&mut self.state, id as usize + 1, expected);
             self.state.resize(id as usize + 1, Q_NONE);
         }
         debug_assert_eq!(self.queue(id), Q_NONE, "slot {id} is already tracked");

@@ -2,16 +2,17 @@
 //! the eviction policy over this shard's ephemeral pages.
 //!
 //! ```text
-//!  index: HashTable<SlotId>  ──hash(key)──▶  slots[id] { index, value, object ref, prev, next }
+//!  index: IdTable (slot ids)  ──hash(key)──▶  slots[id] { index, value, object ref, prev, next }
 //!                                                                 │        │
 //!  fills: fill id ──▶ word ◀──────────────────────────────────────┘        │
 //!  objects: (pool, object, persistent) ◀───────────────────────────────────┘
 //!           head ──▶ slot ⇄ slot ⇄ …
 //! ```
 //!
-//! The index is an open-addressing table of slot ids (5 bytes a bucket) hashed by the
-//! page's key; the key itself is stored once, split between the slot (the page index) and
-//! the object table (pool and object, shared by all of an object's pages). Each object's
+//! The index is a cuckoo hash table of slot ids (5 bytes a slot, sized to the shard's
+//! capacity: [`crate::id_table`]) hashed by the page's key; the key itself is stored
+//! once, split between the slot (the page index) and the object table (pool and object,
+//! shared by all of an object's pages). Each object's
 //! pages form a doubly linked list through their slots, so invalidating an object walks
 //! exactly its pages, and invalidating a pool walks its objects. Slots are dense ids,
 //! reused, so that policies can keep their per-page state in flat arrays. A slot is 24
@@ -25,9 +26,9 @@ mod fills;
 mod objects;
 
 use fallow_core::{ObjectId, PageKey, PoolId};
-use hashbrown::HashTable;
 
 use crate::eviction::{Eviction, SlotId};
+use crate::id_table::IdTable;
 use crate::store::ContentId;
 use fills::Fills;
 use objects::{ObjectRef, Objects, NIL};
@@ -35,7 +36,7 @@ use objects::{ObjectRef, Objects, NIL};
 /// splitmix64's finalizer: spreads a 64-bit value over all bits, for the shard's small
 /// tables (objects, fill words), which use both a hash's high bits (tags) and its low bits
 /// (buckets).
-fn mix64(mut z: u64) -> u64 {
+pub(crate) fn mix64(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
@@ -97,12 +98,14 @@ impl Packed {
 
 /// An index shard.
 pub struct Shard {
-    index: HashTable<SlotId>,
+    index: IdTable,
     slots: Vec<Packed>,
     free_slots: Vec<SlotId>,
     objects: Objects,
     fills: Fills,
     policy: Box<dyn Eviction>,
+    /// Slots to expect when the shard is full ([`Shard::reserve`]).
+    expected: usize,
 }
 
 /// The key of live slot `id`.
@@ -116,12 +119,13 @@ impl Shard {
     /// An empty shard whose ephemeral pages are managed by `policy`.
     pub fn new(policy: Box<dyn Eviction>) -> Self {
         Self {
-            index: HashTable::new(),
+            index: IdTable::default(),
             slots: Vec::new(),
             free_slots: Vec::new(),
             objects: Objects::default(),
             fills: Fills::default(),
             policy,
+            expected: 0,
         }
     }
 
@@ -140,12 +144,23 @@ impl Shard {
         self.policy.small_share()
     }
 
-    /// Tells the policy how many pages this shard holds when full.
+    /// Tells the policy how many pages this shard holds when full, and the index how large
+    /// to grow (with room for the shards' uneven shares of the keys), so that a full
+    /// shard's index sits near its highest load instead of wherever a power of two puts it.
     ///
     /// The index keeps the capacity it grew to: shrinking it would rehash every entry under
     /// this lock while gets wait, to save 5 bytes per page of the peak.
     pub fn set_capacity(&mut self, pages: usize) {
         self.policy.set_capacity(pages);
+        self.reserve(pages);
+    }
+
+    /// Tells the index and the slot array how many pages a full shard holds (see
+    /// [`Shard::set_capacity`]); the policy is left as it is.
+    pub fn reserve(&mut self, pages: usize) {
+        self.expected = crate::dense::with_headroom(pages);
+        self.index.expect(self.expected);
+        self.objects.expect(self.expected);
     }
 
     /// The live slot `id`, unpacked.
@@ -163,12 +178,9 @@ impl Shard {
     /// The slot holding `key`, whose [`key_hash`] is `hash`, if any.
     pub fn lookup(&self, key: &PageKey, hash: u64) -> Option<(SlotId, Slot)> {
         let (slots, objects) = (&self.slots, &self.objects);
-        let &id = self.index.find(hash, |&id| {
+        let id = self.index.find(hash, |id| {
             let s = &slots[id as usize];
-            s.index == key.index && {
-                let o = objects.get(s.object);
-                o.object == key.object && o.pool == key.pool
-            }
+            s.index == key.index && objects.is(s.object, key.pool, key.object)
         })?;
         Some((id, self.slot(id)))
     }
@@ -178,7 +190,7 @@ impl Shard {
         // Read the object alone: a hit is the hot path, and unpacking the whole slot is not
         // needed (its object entry was just read by the lookup).
         let object = self.slots[id as usize].object;
-        if object != NIL && !self.objects.get(object).persistent {
+        if object != NIL && !self.objects.persistent(object) {
             self.policy.touch(id, hash);
         }
     }
@@ -196,10 +208,11 @@ impl Shard {
             }
         };
         let packed = Packed { index: slot.key.index, value, object, prev: NIL, next: NIL };
-        let id = crate::dense::place(&mut self.slots, &mut self.free_slots, packed);
+        let (slots, free) = (&mut self.slots, &mut self.free_slots);
+        let id = crate::dense::place_expecting(slots, free, packed, self.expected);
         self.link(id);
         let Shard { index, slots, objects, .. } = self;
-        index.insert_unique(hash, id, |&x| key_hash(&key_of(slots, objects, x)));
+        index.insert_unique(hash, id, |x| key_hash(&key_of(slots, objects, x)));
         if !slot.persistent {
             self.policy.insert(id, hash);
         }
@@ -209,10 +222,9 @@ impl Shard {
     /// Puts live slot `id` at the head of its object's list.
     fn link(&mut self, id: SlotId) {
         let r = self.slots[id as usize].object;
-        let object = self.objects.get_mut(r);
-        let head = object.head;
-        object.head = id;
-        object.pages += 1;
+        let head = self.objects.get(r).head;
+        self.objects.set_head(r, id);
+        self.objects.add_page(r);
         if head != NIL {
             self.slots[head as usize].prev = id;
         }
@@ -228,16 +240,12 @@ impl Shard {
         if prev != NIL {
             self.slots[prev as usize].next = next;
         } else {
-            self.objects.get_mut(r).head = next;
+            self.objects.set_head(r, next);
         }
         if next != NIL {
             self.slots[next as usize].prev = prev;
         }
-        let object = self.objects.get_mut(r);
-        object.pages -= 1;
-        if object.pages == 0 {
-            self.objects.remove(r);
-        }
+        self.objects.remove_page(r);
     }
 
     /// Takes live slot `id` out of the index and its object, frees it, and returns it with
@@ -245,8 +253,8 @@ impl Shard {
     fn detach(&mut self, id: SlotId) -> (Slot, u64) {
         let slot = self.slot(id);
         let hash = key_hash(&slot.key);
-        let found = self.index.find_entry(hash, |&x| x == id);
-        found.expect("a live slot is indexed").remove();
+        let found = self.index.remove(hash, |x| x == id);
+        found.expect("a live slot is indexed");
         self.unlink(id);
         let s = &mut self.slots[id as usize];
         if s.value & FILL != 0 {
@@ -340,9 +348,7 @@ impl Shard {
     /// Heap bytes of this shard's metadata: index, slots, objects and policy.
     pub fn heap_bytes(&self) -> usize {
         use std::mem::size_of;
-        // Buckets are capacity × 8/7; each holds a slot id and a control byte.
-        let index = self.index.capacity() * 8 / 7 * (size_of::<SlotId>() + 1);
-        index
+        self.index.heap_bytes()
             + self.slots.capacity() * size_of::<Packed>()
             + self.free_slots.capacity() * size_of::<SlotId>()
             + self.objects.heap_bytes()
@@ -368,6 +374,8 @@ impl Shard {
             }
         }
         assert_eq!(live, self.index.len(), "index and slots disagree");
+        let (slots, objects) = (&self.slots, &self.objects);
+        self.index.validate(|x| key_hash(&key_of(slots, objects, x)));
         assert_eq!(live + self.free_slots.len(), self.slots.len(), "slot free list drifted");
         self.objects.validate();
         self.fills.validate(&fills);
@@ -421,6 +429,30 @@ mod tests {
             assert_eq!(gone.key, key);
             assert!(shard.lookup(&key, hash).is_none(), "a removed slot is gone");
             shard.validate();
+        }
+    }
+
+    #[test]
+    fn issue_2_a_full_shard_pays_about_six_bytes_of_index_per_page_whatever_its_size() {
+        // hashbrown gave 8192 pages 16 384 buckets (10 B a page); 7000 pages sat at 5.7 B
+        // until evictions left tombstones and it doubled too.
+        for pages in [8192usize, 7000, 100] {
+            let mut shard = Shard::new(Box::new(Lru::new()));
+            shard.set_capacity(pages);
+            for round in 0..3u64 {
+                for i in 0..pages as u64 {
+                    let s = slot(1, i / 64, i % 64 + round * 1000, Value::Content(i as u32));
+                    shard.insert(s, key_hash(&s.key));
+                    if round > 0 {
+                        let old = shard.evict_one().expect("a page to evict");
+                        assert_eq!(old.key.index / 1000, round - 1, "LRU evicts the oldest");
+                    }
+                }
+            }
+            shard.validate();
+            let per_page = shard.index.heap_bytes() as f64 / pages as f64;
+            let bound = if pages >= 1000 { 6.5 } else { 10.0 };
+            assert!(per_page < bound, "{pages} pages: {per_page:.2} B of index a page");
         }
     }
 

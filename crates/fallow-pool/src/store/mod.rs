@@ -34,8 +34,9 @@ mod shrink;
 pub use shrink::ShrinkReport;
 
 /// Content ids, found by their content's hash: the table stores 4 bytes per entry, the
-/// hash itself lives in the content (its key, below, is the table's hash).
-type DedupTable = hashbrown::HashTable<ContentId>;
+/// hash itself lives in the content (its key, below, is the table's hash). Told to expect
+/// one entry per frame of the budget ([`Store::set_budget`]), as the content array is.
+type DedupTable = crate::id_table::IdTable;
 
 /// A stored page's bytes, shared by every index entry with the same content.
 pub type ContentId = u32;
@@ -165,12 +166,14 @@ const NO_OWNER: ContentId = ContentId::MAX;
 impl Store {
     /// An empty store that may hold `budget_bytes` of page data.
     pub fn new(budget_bytes: usize) -> Self {
+        let mut dedup = DedupTable::default();
+        dedup.expect(budget_bytes / PAGE_SIZE);
         Self {
             arena: Arena::new(budget_bytes / PAGE_SIZE),
             owner: Vec::new(),
             contents: Vec::new(),
             free_contents: Vec::new(),
-            dedup: DedupTable::default(),
+            dedup,
             pinned: Vec::new(),
             blobs: HashMap::new(),
             blob_bytes: 0,
@@ -203,17 +206,15 @@ impl Store {
         opts: InternOptions,
     ) -> Result<ContentId, ArenaFull> {
         let key = digest.hash.map(hash_key);
-        if let Some(hash) = key {
-            let contents = &self.contents;
-            let found = self.dedup.find(hash, |&id| contents[id as usize].hash() == hash);
-            if let Some(&id) = found {
-                if self.contents[id as usize].refs < MAX_REFS && self.same_bytes(id, page) {
-                    self.contents[id as usize].refs += 1;
-                    if opts.pinned {
-                        self.pin(id);
-                    }
-                    return Ok(id);
+        let contents = &self.contents;
+        let found = key.and_then(|k| self.dedup.find(k, |id| contents[id as usize].hash() == k));
+        if let Some(id) = found {
+            if self.contents[id as usize].refs < MAX_REFS && self.same_bytes(id, page) {
+                self.contents[id as usize].refs += 1;
+                if opts.pinned {
+                    self.pin(id);
                 }
+                return Ok(id);
             }
         }
         let frame = self.arena.alloc()?;
@@ -234,24 +235,23 @@ impl Store {
             content.hash = split_key(key);
             content.flags |= HASHED;
         }
-        let id = crate::dense::place(&mut self.contents, &mut self.free_contents, content);
+        let (contents, free) = (&mut self.contents, &mut self.free_contents);
+        let expected = self.budget_bytes / PAGE_SIZE;
+        let id = crate::dense::place_expecting(contents, free, content, expected);
         if let Some(key) = key {
             // A hash collision with different bytes keeps the first content in the table
             // and the new one is simply not shared, unless the first has lost its bytes.
-            let contents = &self.contents;
-            let current = self.dedup.find(key, |&id| contents[id as usize].hash() == key);
-            match current.copied() {
+            // (`found` is still the table's entry: nothing above changed the table, and a
+            // content in it has references, so its id was not reused.)
+            match found {
                 None => {
                     let contents = &self.contents;
-                    self.dedup.insert_unique(key, id, |&i| contents[i as usize].hash());
+                    self.dedup.insert_unique(key, id, |i| contents[i as usize].hash());
                 }
                 Some(old) if !self.is_live(old) => {
                     // The old content keeps its HASHED flag but is no longer the entry, so
                     // its release will not remove ours.
-                    let contents = &self.contents;
-                    if let Some(slot) =
-                        self.dedup.find_mut(key, |&i| contents[i as usize].hash() == key)
-                    {
+                    if let Some(slot) = self.dedup.find_mut(key, |i| i == old) {
                         *slot = id;
                     }
                 }
@@ -273,7 +273,7 @@ impl Store {
     pub fn share(&mut self, hash: u128, crc: u32, opts: InternOptions) -> Option<ContentId> {
         let key = hash_key(hash);
         let contents = &self.contents;
-        let id = *self.dedup.find(key, |&id| contents[id as usize].hash() == key)?;
+        let id = self.dedup.find(key, |id| contents[id as usize].hash() == key)?;
         let c = &self.contents[id as usize];
         if !self.is_live(id) || c.crc != crc || c.refs == MAX_REFS {
             return None;
@@ -387,9 +387,7 @@ impl Store {
         let place = std::mem::replace(&mut c.place, PackedPlace::new(Place::Dead)).get();
         if c.flags & HASHED != 0 {
             c.flags &= !HASHED;
-            if let Ok(entry) = self.dedup.find_entry(c.hash(), |&i| i == id) {
-                entry.remove();
-            }
+            self.dedup.remove(c.hash(), |i| i == id);
         }
         match place {
             Place::Frame(f) => {
@@ -499,8 +497,7 @@ impl Store {
 
     fn heap_bytes(&self) -> usize {
         use std::mem::size_of;
-        // hashbrown: one control byte per bucket beside each (key, value) pair.
-        let dedup = self.dedup.capacity() * (size_of::<ContentId>() + 1);
+        let dedup = self.dedup.heap_bytes();
         let blobs = self.blobs.capacity() * (size_of::<(ContentId, Box<[u8]>)>() + 1);
         self.arena.heap_bytes()
             + self.owner.capacity() * size_of::<ContentId>()
@@ -559,14 +556,14 @@ impl Store {
             .sum();
         assert_eq!(stale_refs as usize, self.stale_entries, "stale entry count drifted");
         let mut hashes = std::collections::HashSet::new();
-        for &id in &self.dedup {
+        for id in self.dedup.iter() {
             let c = &self.contents[id as usize];
             assert!(c.refs > 0 && c.flags & HASHED != 0, "stale dedup entry {id}");
             assert!(hashes.insert(c.hash()), "two dedup entries for one hash");
-            let found =
-                self.dedup.find(c.hash(), |&o| self.contents[o as usize].hash() == c.hash());
-            assert_eq!(found, Some(&id), "dedup entry {id} cannot be found by its hash");
+            let found = self.dedup.find(c.hash(), |o| self.contents[o as usize].hash() == c.hash());
+            assert_eq!(found, Some(id), "dedup entry {id} cannot be found by its hash");
         }
+        self.dedup.validate(|i| self.contents[i as usize].hash());
         assert_eq!(pinned, self.pinned, "pinned frame counts per segment drifted");
         let mut draining: Vec<(usize, usize)> = stale.into_iter().collect();
         draining.sort_unstable();

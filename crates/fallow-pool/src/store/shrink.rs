@@ -30,9 +30,11 @@ pub struct ShrinkReport {
 
 impl Store {
     /// Changes the budget. Growing takes effect at once (segments are mapped on demand);
-    /// shrinking is then carried out by [`Store::shrink_step`].
+    /// shrinking is then carried out by [`Store::shrink_step`]. The dedup table is told to
+    /// expect a page per frame of it, and grows to that as pages come.
     pub fn set_budget(&mut self, budget_bytes: usize) {
         self.budget_bytes = budget_bytes;
+        self.dedup.expect(budget_bytes / PAGE_SIZE);
         self.refresh_frame_limit();
     }
 

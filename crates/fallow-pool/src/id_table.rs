@@ -1,0 +1,488 @@
+//! A hash table of 32-bit ids whose size can be any number of buckets, not only a power
+//! of two, for the engine's two per-page tables: the shard's index (key → slot id) and the
+//! store's dedup table (content hash → content id).
+//!
+//! Why not `hashbrown`: its bucket count is a power of two, so a table's load is anywhere
+//! between 7/16 and 7/8 depending on where its size falls (lent budgets are often powers
+//! of two themselves: 8192 pages take 16 384 buckets, 10 B a page), and a cache that keeps
+//! evicting and inserting near 7/8 fills with tombstones until hashbrown doubles it. This
+//! table is told the size it will have when full ([`IdTable::expect`], when the budget
+//! changes), grows to exactly that, and holds a load near 7/8 whatever the churn: ~6 B a
+//! page (RFC 0001, session 7).
+//!
+//! The scheme is bucketized cuckoo hashing. Buckets are groups of eight: eight control
+//! bytes (the hash's low 7 bits and a FULL bit, or zero when empty), probed as one `u64`
+//! (SWAR), beside eight ids. A hash has two candidate groups, picked by multiplying two
+//! remixes of it by the group count (`(h × groups) >> 64`, which works for any count). An
+//! id is in one of its two groups, or, rarely, in a small stash. Lookups read the first
+//! group and then the second; a removal just clears the byte (no tombstones); an insert
+//! takes a free byte in either group, or moves ids to their other group to make one
+//! (which asks the caller for their hash). Ids that no sequence of moves can place (keys
+//! with identical hashes, more than two groups of them) go to the stash, searched last.
+//!
+//! Control bytes are zero when empty, so a new table's memory comes zeroed from the
+//! allocator and is not resident until used.
+
+/// Slots per group: one `u64` of control bytes.
+const GROUP: usize = 8;
+const EMPTY: u8 = 0x00;
+/// A full slot's control byte: this bit, and the hash's low 7 bits.
+const FULL: u8 = 0x80;
+const HI: u64 = 0x8080_8080_8080_8080;
+const ONES: u64 = 0x0101_0101_0101_0101;
+/// A table holds at most 7/8 of its slots: there, an insert almost always finds a free
+/// slot in one of its two groups at once, and moves few ids when it does not.
+const LOAD_NUM: usize = 7;
+const LOAD_DEN: usize = 8;
+/// The fewest groups of an allocated table.
+const MIN_GROUPS: usize = 2;
+/// Moves an insert tries before it grows the table (or, if the table is mostly empty,
+/// puts the id in the stash: its hash then collides with too many others).
+const MAX_MOVES: usize = 64;
+
+/// Bit 7 of each byte of the result is set where the byte of `g` is zero; also, rarely,
+/// in a byte above a zero one (a borrow), never below: the lowest set byte is always a
+/// zero byte, and a spurious match only costs the caller one comparison it rejects.
+fn zero_bytes(g: u64) -> u64 {
+    g.wrapping_sub(ONES) & !g & HI
+}
+
+/// Groups needed to hold `items` at the maximum load.
+fn groups_for(items: usize) -> usize {
+    (items.saturating_mul(LOAD_DEN).div_ceil(LOAD_NUM * GROUP)).max(MIN_GROUPS)
+}
+
+/// `x` taken as a fraction of 2⁶⁴, times `n`: a number below `n`, for any `n`.
+fn scale(x: u64, n: usize) -> usize {
+    ((u128::from(x) * n as u128) >> 64) as usize
+}
+
+fn tag(hash: u64) -> u8 {
+    FULL | (hash as u8 & 0x7f)
+}
+
+/// A table of `u32` ids found by a 64-bit hash the caller computes.
+#[derive(Default)]
+pub(crate) struct IdTable {
+    /// The control bytes of each group, as one little-endian word (byte `i`: slot `i`).
+    ctrl: Box<[u64]>,
+    ids: Box<[u32]>,
+    /// Ids (with their hashes) that neither of their groups could take.
+    stash: Vec<(u64, u32)>,
+    items: usize,
+    /// Items the table is expected to hold when full ([`IdTable::expect`]).
+    expected: usize,
+    /// Picks which of a full group's ids an insert moves, so that moves do not cycle.
+    moves: usize,
+}
+
+impl IdTable {
+    /// Ids in the table.
+    pub(crate) fn len(&self) -> usize {
+        self.items
+    }
+
+    fn groups(&self) -> usize {
+        self.ctrl.len()
+    }
+
+    /// Items the table takes before it must grow.
+    pub(crate) fn capacity(&self) -> usize {
+        self.ids.len() * LOAD_NUM / LOAD_DEN
+    }
+
+    /// Heap bytes: a control byte and an id per slot, and the stash.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.ctrl.len() * std::mem::size_of::<u64>()
+            + self.ids.len() * std::mem::size_of::<u32>()
+            + self.stash.capacity() * std::mem::size_of::<(u64, u32)>()
+    }
+
+    /// The first candidate group of `hash`, where an insert puts it when there is room.
+    #[inline]
+    fn first_home(&self, hash: u64) -> usize {
+        scale(hash.wrapping_mul(0x9e37_79b9_7f4a_7c15), self.groups())
+    }
+
+    /// The second candidate group of `hash`, whose first is `first`: another one.
+    fn second_home(&self, hash: u64, first: usize) -> usize {
+        let second = scale(hash.rotate_left(32).wrapping_mul(0xc2b2_ae3d_27d4_eb4f), self.groups());
+        if second == first {
+            (first + 1) % self.groups()
+        } else {
+            second
+        }
+    }
+
+    fn homes(&self, hash: u64) -> [usize; 2] {
+        let first = self.first_home(hash);
+        [first, self.second_home(hash, first)]
+    }
+
+    fn set_ctrl(&mut self, slot: usize, byte: u8) {
+        let shift = (slot % GROUP) * 8;
+        let word = &mut self.ctrl[slot / GROUP];
+        *word = (*word & !(0xff << shift)) | (u64::from(byte) << shift);
+    }
+
+    fn ctrl_of(&self, slot: usize) -> u8 {
+        (self.ctrl[slot / GROUP] >> ((slot % GROUP) * 8)) as u8
+    }
+
+    /// The id in group `g` whose control byte matches `wanted` (a tag in every byte) and
+    /// that `eq` accepts.
+    #[inline]
+    fn find_in(&self, g: usize, wanted: u64, eq: &mut impl FnMut(u32) -> bool) -> Option<usize> {
+        let mut matches = zero_bytes(self.ctrl[g] ^ wanted);
+        while matches != 0 {
+            let slot = g * GROUP + matches.trailing_zeros() as usize / 8;
+            if eq(self.ids[slot]) {
+                return Some(slot);
+            }
+            matches &= matches - 1;
+        }
+        None
+    }
+
+    /// The slot (in one of its two groups) of the id with this hash that `eq` accepts.
+    #[inline]
+    fn slot_of(&self, hash: u64, eq: &mut impl FnMut(u32) -> bool) -> Option<usize> {
+        if self.ctrl.is_empty() {
+            return None;
+        }
+        let wanted = u64::from(tag(hash)) * ONES;
+        let first = self.first_home(hash);
+        self.find_in(first, wanted, eq)
+            .or_else(|| self.find_in(self.second_home(hash, first), wanted, eq))
+    }
+
+    /// Where in the stash the id with this hash that `eq` accepts is.
+    fn stashed(&self, hash: u64, eq: &mut impl FnMut(u32) -> bool) -> Option<usize> {
+        self.stash.iter().position(|&(h, id)| h == hash && eq(id))
+    }
+
+    /// The id with this hash that `eq` accepts.
+    #[inline]
+    pub(crate) fn find(&self, hash: u64, mut eq: impl FnMut(u32) -> bool) -> Option<u32> {
+        match self.slot_of(hash, &mut eq) {
+            Some(slot) => Some(self.ids[slot]),
+            None => self.stashed(hash, &mut eq).map(|i| self.stash[i].1),
+        }
+    }
+
+    /// The id with this hash that `eq` accepts, to replace it in place.
+    pub(crate) fn find_mut(
+        &mut self,
+        hash: u64,
+        mut eq: impl FnMut(u32) -> bool,
+    ) -> Option<&mut u32> {
+        match self.slot_of(hash, &mut eq) {
+            Some(slot) => Some(&mut self.ids[slot]),
+            None => self.stashed(hash, &mut eq).map(|i| &mut self.stash[i].1),
+        }
+    }
+
+    /// Takes out the id with this hash that `eq` accepts.
+    pub(crate) fn remove(&mut self, hash: u64, mut eq: impl FnMut(u32) -> bool) -> Option<u32> {
+        let id = match self.slot_of(hash, &mut eq) {
+            Some(slot) => {
+                self.set_ctrl(slot, EMPTY);
+                self.ids[slot]
+            }
+            None => {
+                let i = self.stashed(hash, &mut eq)?;
+                self.stash.swap_remove(i).1
+            }
+        };
+        self.items -= 1;
+        Some(id)
+    }
+
+    /// Adds `id`, whose hash is `hash` and which is not in the table yet. `hasher` gives
+    /// the hash of any id already in, to move it or to rebuild the table.
+    pub(crate) fn insert_unique(&mut self, hash: u64, id: u32, hasher: impl Fn(u32) -> u64) {
+        if self.items >= self.capacity() {
+            self.rebuild(groups_for(self.next_capacity()), &hasher);
+        }
+        // Most inserts find room in the first group; the rest goes through `place`.
+        if self.try_put(self.first_home(hash), hash, id) {
+            self.items += 1;
+            return;
+        }
+        let mut carried = (hash, id);
+        loop {
+            match self.place(carried.0, carried.1, &hasher) {
+                None => break,
+                Some(left) if self.items * 2 < self.capacity() => {
+                    // A mostly empty table that cannot place an id: its hash collides with
+                    // a full two groups' worth of others. Growing would not help.
+                    self.stash.push(left);
+                    break;
+                }
+                Some(left) => {
+                    carried = left;
+                    self.rebuild(groups_for(self.next_capacity()), &hasher);
+                }
+            }
+        }
+        self.items += 1;
+    }
+
+    /// Puts `id` in a free slot of one of its groups, moving other ids to their other
+    /// group if both are full. Returns the id left without a slot (the one given, or one
+    /// moved out) when `MAX_MOVES` moves did not find room.
+    #[inline(never)]
+    fn place(&mut self, hash: u64, id: u32, hasher: &impl Fn(u32) -> u64) -> Option<(u64, u32)> {
+        let (mut hash, mut id) = (hash, id);
+        let mut from = usize::MAX;
+        for _ in 0..MAX_MOVES {
+            let first = self.first_home(hash);
+            if self.try_put(first, hash, id) {
+                return None;
+            }
+            let homes = [first, self.second_home(hash, first)];
+            if self.try_put(homes[1], hash, id) {
+                return None;
+            }
+            // Both full: take the place of one of the ids of a group (not the one this id
+            // was just moved out of), and carry that one to its other group.
+            let g = if homes[0] == from { homes[1] } else { homes[0] };
+            self.moves = self.moves.wrapping_add(1);
+            let slot = g * GROUP + self.moves % GROUP;
+            let out = self.ids[slot];
+            self.set_ctrl(slot, tag(hash));
+            self.ids[slot] = id;
+            (hash, id, from) = (hasher(out), out, g);
+        }
+        Some((hash, id))
+    }
+
+    /// Puts `id` in a free slot of group `g`, if it has one.
+    #[inline]
+    fn try_put(&mut self, g: usize, hash: u64, id: u32) -> bool {
+        let word = self.ctrl[g];
+        let free = zero_bytes(word);
+        if free == 0 {
+            return false;
+        }
+        let i = free.trailing_zeros() as usize / 8;
+        // The byte is EMPTY, zero: or-ing the tag in sets it.
+        self.ctrl[g] = word | (u64::from(tag(hash)) << (i * 8));
+        self.ids[g * GROUP + i] = id;
+        true
+    }
+
+    /// How many items the table should take after its next rebuild. Below the expected
+    /// size (or with none) it doubles, cheap amortized, but never past the expected size:
+    /// the doubling that reaches it lands on it exactly. Past it, it grows by a quarter,
+    /// for the overflow is expected to be small.
+    fn next_capacity(&self) -> usize {
+        let capacity = self.capacity();
+        let doubled = (capacity * 2).max(MIN_GROUPS * GROUP);
+        if capacity < self.expected {
+            doubled.min(self.expected)
+        } else if self.expected == 0 {
+            doubled
+        } else {
+            capacity + capacity / 4 + GROUP
+        }
+    }
+
+    /// Says how many ids the table will hold when full, so that it grows to exactly that
+    /// (and a load near 7/8) instead of past it. Allocates nothing: the table grows to it
+    /// as ids come. A table larger already keeps its size.
+    pub(crate) fn expect(&mut self, items: usize) {
+        self.expected = items;
+    }
+
+    fn rebuild(&mut self, groups: usize, hasher: &impl Fn(u32) -> u64) {
+        let old_ctrl = std::mem::replace(&mut self.ctrl, vec![0; groups].into());
+        let old_ids = std::mem::replace(&mut self.ids, vec![0; groups * GROUP].into());
+        let old_stash = std::mem::take(&mut self.stash);
+        let full = |s: usize| (old_ctrl[s / GROUP] >> ((s % GROUP) * 8)) as u8 & FULL != 0;
+        let old = (0..old_ids.len())
+            .filter(|&s| full(s))
+            .map(|s| (hasher(old_ids[s]), old_ids[s]))
+            .chain(old_stash);
+        for (hash, id) in old {
+            if let Some(left) = self.place(hash, id, hasher) {
+                // Ids that did not fit before are the ones that may not fit now.
+                self.stash.push(left);
+            }
+        }
+    }
+
+    /// Every id in the table.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..self.ids.len())
+            .filter(|&s| self.ctrl_of(s) & FULL != 0)
+            .map(|s| self.ids[s])
+            .chain(self.stash.iter().map(|&(_, id)| id))
+    }
+
+    /// Panics unless the count agrees with the control bytes and every id sits in one of
+    /// its two groups (or the stash) under its hash's tag.
+    pub(crate) fn validate(&self, hasher: impl Fn(u32) -> u64) {
+        assert_eq!(self.ctrl.len() * GROUP, self.ids.len(), "control and id arrays differ");
+        assert_eq!(self.iter().count(), self.items, "id table count drifted");
+        for slot in (0..self.ids.len()).filter(|&s| self.ctrl_of(s) & FULL != 0) {
+            let (id, hash) = (self.ids[slot], hasher(self.ids[slot]));
+            assert_eq!(self.ctrl_of(slot), tag(hash), "id {id} has a stale tag");
+            assert!(self.homes(hash).contains(&(slot / GROUP)), "id {id} outside its groups");
+        }
+        for &(hash, id) in &self.stash {
+            assert_eq!(hash, hasher(id), "stashed id {id} has a stale hash");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    /// Ids hash to themselves, spread; `collide` makes many share their low bits and home.
+    fn hash_of(id: u32, collide: bool) -> u64 {
+        if collide {
+            u64::from(id % 3)
+        } else {
+            crate::shard::mix64(u64::from(id))
+        }
+    }
+
+    #[test]
+    fn a_table_grows_to_its_expected_size_and_sits_near_seven_eighths() {
+        let mut t = IdTable::default();
+        t.expect(8192);
+        assert_eq!(t.heap_bytes(), 0, "expecting allocates nothing");
+        for id in 0..8192 {
+            t.insert_unique(hash_of(id, false), id, |id| hash_of(id, false));
+        }
+        assert_eq!(t.groups(), groups_for(8192), "the last doubling lands on the expected size");
+        let load = 8192.0 / (t.groups() * GROUP) as f64;
+        assert!(load > 0.86, "load {load}");
+        // hashbrown would hold 8192 items in 16 384 buckets: 10 B an item, not 5.7.
+        assert!(t.heap_bytes() < 8192 * 6, "{} B", t.heap_bytes());
+        t.validate(|id| hash_of(id, false));
+    }
+
+    #[test]
+    fn growing_past_the_expected_size_adds_a_quarter() {
+        let mut t = IdTable::default();
+        t.expect(1000);
+        for id in 0..1000 {
+            t.insert_unique(hash_of(id, false), id, |id| hash_of(id, false));
+        }
+        let cap = t.capacity();
+        for id in 1000..=cap as u32 {
+            t.insert_unique(hash_of(id, false), id, |id| hash_of(id, false));
+        }
+        assert!(t.capacity() >= cap + cap / 4 && t.capacity() < cap * 3 / 2);
+        t.validate(|id| hash_of(id, false));
+    }
+
+    #[test]
+    fn a_full_table_that_keeps_replacing_its_ids_keeps_its_size() {
+        let mut t = IdTable::default();
+        let h = |id: u32| hash_of(id, false);
+        t.expect(100);
+        let mut groups = 0;
+        for round in 0..10_000u32 {
+            t.insert_unique(h(round), round, h);
+            if round == 89 {
+                groups = t.groups();
+            }
+            if round >= 90 {
+                assert_eq!(t.remove(h(round - 90), |x| x == round - 90), Some(round - 90));
+            }
+        }
+        assert_eq!(t.len(), 90);
+        assert_eq!(t.groups(), groups, "churn at a steady size does not grow the table");
+        t.validate(h);
+    }
+
+    #[test]
+    fn ids_whose_hashes_all_collide_are_kept_and_found() {
+        // As a client could make keys whose 64-bit hashes agree: more than two groups'
+        // worth of them go to the stash, and the table does not grow without end.
+        let mut t = IdTable::default();
+        let same = |_: u32| 42u64;
+        for id in 0..100 {
+            t.insert_unique(42, id, same);
+        }
+        assert_eq!(t.len(), 100);
+        assert!(t.groups() < 64, "grew to {} groups for 100 ids", t.groups());
+        for id in (0..100).step_by(3) {
+            assert_eq!(t.remove(42, |x| x == id), Some(id));
+        }
+        for id in 0..100 {
+            let want = (id % 3 != 0).then_some(id);
+            assert_eq!(t.find(42, |x| x == id), want);
+        }
+        t.validate(same);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Insert(u32),
+        Remove(u32),
+        Replace(u32, u32),
+        Expect(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0u32..300).prop_map(Op::Insert),
+            3 => (0u32..300).prop_map(Op::Remove),
+            1 => (0u32..300, 300u32..600).prop_map(|(a, b)| Op::Replace(a, b)),
+            1 => (0usize..400).prop_map(Op::Expect),
+        ]
+    }
+
+    proptest! {
+        /// Against a `HashMap` from hash-identity to id: the table finds exactly what the
+        /// model holds, with spread hashes and with hashes that all collide.
+        #[test]
+        fn agrees_with_a_map(ops in prop::collection::vec(op(), 1..400), collide: bool) {
+            // Each id is its own key here; `key` maps an id to the model's key (replaced
+            // ids keep the key of the id they replaced).
+            let mut t = IdTable::default();
+            let mut model: HashMap<u32, u32> = HashMap::new(); // key → id
+            let mut key_of: HashMap<u32, u32> = HashMap::new(); // id → key
+            for op in ops {
+                let hash = |k: u32| hash_of(k, collide);
+                match op {
+                    Op::Insert(k) if !model.contains_key(&k) => {
+                        key_of.insert(k, k);
+                        let rehash = |id: u32| hash(*key_of.get(&id).expect("id has a key"));
+                        t.insert_unique(hash(k), k, rehash);
+                        model.insert(k, k);
+                    }
+                    Op::Insert(_) => {}
+                    Op::Remove(k) => {
+                        let want = model.remove(&k);
+                        let got = t.remove(hash(k), |id| key_of.get(&id) == Some(&k));
+                        prop_assert_eq!(got, want);
+                    }
+                    Op::Replace(k, new) => {
+                        if let (Some(&old), false) = (model.get(&k), key_of.contains_key(&new)) {
+                            let slot = t.find_mut(hash(k), |id| id == old).expect("present");
+                            *slot = new;
+                            key_of.insert(new, k);
+                            model.insert(k, new);
+                        }
+                    }
+                    Op::Expect(n) => t.expect(n),
+                }
+                prop_assert_eq!(t.len(), model.len());
+                let rehash = |id: u32| hash(*key_of.get(&id).expect("id has a key"));
+                t.validate(rehash);
+            }
+            for k in 0..600u32 {
+                let found = t.find(hash_of(k, collide), |id| key_of.get(&id) == Some(&k));
+                prop_assert_eq!(found, model.get(&k).copied());
+            }
+        }
+    }
+}
