@@ -14,38 +14,79 @@ pub(crate) fn place_expecting<T>(
     value: T,
     expected: usize,
 ) -> u32 {
+    place_with(entries, free, value, |e, len| grow(e, len, expected))
+}
+
+/// [`place`] for a table that holds at most `cap` entries (see [`grow_capped`]).
+pub(crate) fn place_capped<T>(
+    entries: &mut Vec<T>,
+    free: &mut Vec<u32>,
+    value: T,
+    cap: usize,
+) -> u32 {
+    place_with(entries, free, value, |e, len| grow_capped(e, len, cap))
+}
+
+fn place_with<T>(
+    entries: &mut Vec<T>,
+    free: &mut Vec<u32>,
+    value: T,
+    grow: impl FnOnce(&mut Vec<T>, usize),
+) -> u32 {
     match free.pop() {
         Some(id) => {
             entries[id as usize] = value;
             id
         }
         None => {
-            grow(entries, entries.len() + 1, expected);
+            grow(entries, entries.len() + 1);
             entries.push(value);
             u32::try_from(entries.len() - 1).expect("dense ids fit in 32 bits")
         }
     }
 }
 
-/// Makes room in `entries` for `len` entries. Below `expected` it doubles, as `Vec` does,
-/// but stops at `expected`, so that a table that fills to the size it was told to expect
-/// ends with no unused capacity (which `heap_bytes` would count, and whose doublings leave
-/// freed blocks in the heap); past `expected` it grows by a quarter; with no expected
-/// size (0), it doubles. Never allocates ahead of use: a budget of terabytes costs nothing
-/// until pages come.
+/// Makes room in `entries` for `len` entries, for a table expected to hold `expected`
+/// when full: the first growth reserves all of `expected` at once (address space: the
+/// pages are only resident once entries are written, and dense ids are written in
+/// order), so the table never copies itself nor leaves freed blocks of earlier sizes in
+/// the heap; should that reservation fail (a budget of terabytes on a small machine), it
+/// doubles up to `expected` instead. Past `expected` it grows by a quarter; with no
+/// expected size (0), it doubles. Report such a table's memory by its length, not its
+/// capacity ([`resident_bytes`]).
 pub(crate) fn grow<T>(entries: &mut Vec<T>, len: usize, expected: usize) {
     let cap = entries.capacity();
     if len <= cap {
         return;
     }
-    let target = if expected == 0 {
-        (cap * 2).max(len)
-    } else if len <= expected {
-        (cap * 2).max(16).min(expected)
+    if len <= expected && entries.try_reserve_exact(expected - entries.len()).is_ok() {
+        return;
+    }
+    grow_capped(entries, len, expected);
+}
+
+/// Makes room in `entries` for `len` entries, doubling as `Vec` does but stopping at `cap`
+/// (a bound, such as the most objects a shard could hold, rather than an expectation);
+/// past it, by a quarter; with no bound (0), doubling.
+pub(crate) fn grow_capped<T>(entries: &mut Vec<T>, len: usize, cap: usize) {
+    let now = entries.capacity();
+    if len <= now {
+        return;
+    }
+    let target = if cap == 0 {
+        (now * 2).max(len)
+    } else if len <= cap {
+        (now * 2).max(16).min(cap)
     } else {
-        (cap + cap / 4).max(len)
+        (now + now / 4).max(len)
     };
     entries.reserve_exact(target.max(len) - entries.len());
+}
+
+/// The memory of a table grown by [`grow`]: its entries, written and so resident; the
+/// rest of its reservation is address space until written.
+pub(crate) fn resident_bytes<T>(entries: &[T]) -> usize {
+    std::mem::size_of_val(entries)
 }
 
 /// Ids to expect in a shard's tables when it holds `pages` pages when full: keys fall into
@@ -71,18 +112,31 @@ mod tests {
     }
 
     #[test]
-    fn a_table_fills_to_its_expected_size_with_no_spare_capacity() {
+    fn a_table_reserves_its_expected_size_once_and_grows_by_a_quarter_past_it() {
         let (mut entries, mut free) = (Vec::new(), Vec::new());
-        for i in 0..1000u32 {
+        place_expecting(&mut entries, &mut free, 0u32, 1000);
+        assert_eq!(entries.capacity(), 1000, "the whole expected size at the first growth");
+        let at = entries.as_ptr();
+        for i in 1..1000u32 {
             place_expecting(&mut entries, &mut free, i, 1000);
         }
-        assert_eq!(entries.capacity(), 1000);
+        assert_eq!(entries.as_ptr(), at, "never moved while filling");
+        assert_eq!(resident_bytes(&entries), 4000);
         place_expecting(&mut entries, &mut free, 1000, 1000);
         assert_eq!(entries.capacity(), 1250, "past it, a quarter more");
-        let mut plain = Vec::new();
-        grow(&mut plain, 1000, 0);
+    }
+
+    #[test]
+    fn a_capped_table_doubles_up_to_its_cap() {
+        let (mut entries, mut free) = (Vec::new(), Vec::new());
+        for i in 0..1000u32 {
+            place_capped(&mut entries, &mut free, i, 1000);
+        }
+        assert_eq!(entries.capacity(), 1000);
+        let mut plain: Vec<u32> = Vec::new();
+        grow_capped(&mut plain, 1000, 0);
         plain.extend(0..1000u32);
-        grow(&mut plain, 1001, 0);
-        assert!(plain.capacity() >= 2000, "with no expected size, it doubles");
+        grow_capped(&mut plain, 1001, 0);
+        assert!(plain.capacity() >= 2000, "with no cap, it doubles");
     }
 }

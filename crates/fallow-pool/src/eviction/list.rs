@@ -55,7 +55,7 @@ impl Links {
 
     /// Heap bytes of both arrays.
     pub(crate) fn heap_bytes(&self) -> usize {
-        (self.prev.capacity() + self.next.capacity()) * std::mem::size_of::<u32>()
+        crate::dense::resident_bytes(&self.prev) + crate::dense::resident_bytes(&self.next)
     }
 }
 

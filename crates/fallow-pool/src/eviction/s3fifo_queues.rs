@@ -137,7 +137,7 @@ impl Queues {
 
     /// Heap bytes of the links and state bytes.
     pub(super) fn heap_bytes(&self) -> usize {
-        self.links.heap_bytes() + self.state.capacity()
+        self.links.heap_bytes() + crate::dense::resident_bytes(&self.state)
     }
 
     /// Heap bytes of the links alone (what an index entry would hold).

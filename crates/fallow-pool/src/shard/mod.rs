@@ -349,7 +349,7 @@ impl Shard {
     pub fn heap_bytes(&self) -> usize {
         use std::mem::size_of;
         self.index.heap_bytes()
-            + self.slots.capacity() * size_of::<Packed>()
+            + crate::dense::resident_bytes(&self.slots)
             + self.free_slots.capacity() * size_of::<SlotId>()
             + self.objects.heap_bytes()
             + self.fills.heap_bytes()

@@ -93,7 +93,7 @@ fn object_hash(pool: PoolId, object: ObjectId) -> u64 {
 impl Objects {
     /// Says how many objects the shard may hold at most (as many as its pages, when each
     /// is an object of its own): the table and the entries grow to it, not past it
-    /// ([`crate::dense::grow`]). Shards of a few large objects never get near it.
+    /// ([`crate::dense::grow_capped`]). Shards of a few large objects never get near it.
     pub fn expect(&mut self, objects: usize) {
         self.expected = objects;
         self.by_key.expect(objects);
@@ -151,7 +151,7 @@ impl Objects {
         }
         let fresh = Packed::new(Object { object, pool, head: NIL, pages: 0, persistent });
         let Objects { entries, free, by_key, expected } = self;
-        let r = crate::dense::place_expecting(entries, free, fresh, *expected);
+        let r = crate::dense::place_capped(entries, free, fresh, *expected);
         by_key.insert_unique(object_hash(pool, object), r, |x| {
             let e = entries[x as usize].get();
             object_hash(e.pool, e.object)

@@ -501,7 +501,7 @@ impl Store {
         let blobs = self.blobs.capacity() * (size_of::<(ContentId, Box<[u8]>)>() + 1);
         self.arena.heap_bytes()
             + self.owner.capacity() * size_of::<ContentId>()
-            + self.contents.capacity() * size_of::<Content>()
+            + crate::dense::resident_bytes(&self.contents)
             + self.free_contents.capacity() * size_of::<ContentId>()
             + self.pinned.capacity() * size_of::<u32>()
             + dedup
