@@ -451,8 +451,8 @@ impl Inner {
         // anything is evicted to make room.
         let held = match (source, digest.hash, pool.spec.dedup) {
             (Source::Page(_), _, _) => Ok(None),
-            (Source::Held, Some(content), DedupScope::Domain(_)) => {
-                store.share(content, digest.crc, opts).map(Some).ok_or(PutFail::NotHeld)
+            (Source::Held, Some(content), scope @ DedupScope::Domain(_)) => {
+                store.share(content, digest.crc, scope, opts).map(Some).ok_or(PutFail::NotHeld)
             }
             (Source::Held, _, _) => Err(PutFail::NotHeld),
         };

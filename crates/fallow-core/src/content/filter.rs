@@ -2,8 +2,9 @@
 //! clients (CONTENT_SUMMARY) so that they send a page's hash instead of its bytes when the
 //! node probably holds it already.
 //!
-//! The items are hash keys ([`super::hash_key`]: the low 64 bits of a content hash, what a
-//! node keeps of it), already uniform, so nothing is hashed again: the i-th probe of key
+//! The items are hash keys ([`super::hash_key`]: the low 32 bits of a content hash, what a
+//! node keeps of it, spread over 64 bits), already uniform, so nothing is hashed again:
+//! the i-th probe of key
 //! `k` is bit `(lo + i × hi) mod m` (Kirsch and Mitzenmacher's double hashing), where
 //! `lo = k`, `hi` is `k` rotated by 32 bits with its lowest bit set, and `m` the filter's
 //! size in bits. Bit `b` is bit `b mod 8` (least significant first) of byte `b / 8`.
@@ -232,9 +233,10 @@ mod tests {
     #[test]
     fn probe_positions_follow_the_documented_rule() {
         let mut f = ContentFilter::from_parts(&[0; 16], 3, 0).unwrap();
-        // The key is the low 64 bits, 3 << 32 | 5: lo = 3 << 32 | 5, hi = 5 << 32 | 3;
-        // m = 128 divides 2⁶⁴, so bit i is (5 + 3 i) mod 128: bits 5, 8, 11.
+        // The tag is the low 32 bits, 5; its key 0xb6bf613dbebb45dc, so lo mod 128 = 92 and
+        // hi = key rotated by 32, | 1, mod 128 = 61; m = 128 divides 2⁶⁴, so bit i is
+        // (92 + 61 i) mod 128: bits 92, 25, 86.
         f.insert(super::super::hash_key(7u128 << 64 | 3 << 32 | 5));
-        assert_eq!(f.bytes(0, 16), [0x20, 0x09, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(f.bytes(0, 16), [0, 0, 0, 0x02, 0, 0, 0, 0, 0, 0, 0x40, 0x10, 0, 0, 0, 0]);
     }
 }

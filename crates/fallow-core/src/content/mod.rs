@@ -47,12 +47,28 @@ pub fn content_hash(page: &[u8], scope: DedupScope) -> Option<u128> {
     }
 }
 
-/// What a node keeps of a content hash, and what its summary holds: the low 64 bits. A
-/// node compares them (and, for a put by hash, the CRC-32C) instead of the whole hash,
-/// which keeps its per-page metadata 8 bytes smaller; the bytes themselves are compared
-/// before a page put with its bytes is shared.
+/// What a node keeps of a content hash: its low 32 bits, the *tag*. A node finds a
+/// stored page that may have the same content by its tag, then compares the bytes (a put
+/// with its bytes) or recomputes the stored page's full hash (a put by hash), so a tag
+/// collision never shares different pages; keeping 4 bytes of the hash instead of 16
+/// keeps the per-page metadata small.
+pub fn hash_tag(hash: u128) -> u32 {
+    hash as u32
+}
+
+/// The 64-bit key of a content hash, in a node's dedup table and in its content summary:
+/// its tag ([`hash_tag`]) spread over 64 bits ([`tag_key`]).
 pub fn hash_key(hash: u128) -> u64 {
-    hash as u64
+    tag_key(hash_tag(hash))
+}
+
+/// [`hash_key`] from the tag alone: splitmix64's finalizer of it, a bijection, so that the
+/// summary's probes (which take their key as uniform) are spread over all 64 bits.
+pub fn tag_key(tag: u32) -> u64 {
+    let mut z = u64::from(tag);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// The checksum kept beside every stored page and checked on every read: CRC-32C.
@@ -95,6 +111,14 @@ mod tests {
         let hash = content_hash(&page, DedupScope::Domain(TrustDomain(7))).unwrap();
         assert_eq!(format!("{hash:032x}"), GOLDEN_HASH);
         assert_eq!(checksum(&page), GOLDEN_CRC);
+    }
+
+    /// Golden values: the key is what a summary's probes are computed from.
+    #[test]
+    fn the_key_spreads_the_low_32_bits() {
+        assert_eq!(hash_tag(7u128 << 64 | 3 << 32 | 5), 5);
+        assert_eq!(hash_key(7u128 << 64 | 3 << 32 | 5), 0xb6bf_613d_bebb_45dc);
+        assert_eq!(tag_key(1), 0x5692_161d_100b_05e5);
     }
 
     const GOLDEN_HASH: &str = "334e57890d1f0bd183cc3ece121c17c5";

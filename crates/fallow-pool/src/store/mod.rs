@@ -27,7 +27,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use fallow_core::PAGE_SIZE;
 
 use crate::arena::{Arena, ArenaFull, FrameId, FRAMES_PER_SEGMENT};
-use crate::content::{hash_key, Digest};
+use crate::content::{content_hash, hash_key, hash_tag, tag_key, Digest};
+use fallow_core::DedupScope;
 
 mod shrink;
 
@@ -90,12 +91,12 @@ const HASHED: u8 = 8; // `hash` is valid and (maybe) in the dedup table
 const MAX_REFS: u16 = u16::MAX;
 
 struct Content {
-    /// The dedup hash's key (`hash_key`: its low 64 bits), valid when `HASHED` is set, as
-    /// two halves so that a content aligns to 4 bytes (`Content::hash`). Two different
-    /// pages agree on it with probability 2⁻⁶⁴; [`Store::intern`] compares the bytes
-    /// before sharing anyway, and [`Store::share`], which has no bytes, also compares the
-    /// CRC-32C. Keeping 8 bytes of the hash instead of 16 is a quarter of a content.
-    hash: [u32; 2],
+    /// The dedup hash's tag (`hash_tag`: its low 32 bits), valid when `HASHED` is set. The
+    /// dedup table finds a content by it ([`Content::key`]); two different pages share a
+    /// tag with probability 2⁻³², so [`Store::intern`] compares the bytes before sharing and
+    /// [`Store::share`], which has no bytes, recomputes the stored page's full hash. Keeping
+    /// 4 bytes of the hash instead of 16 is three quarters of a content.
+    tag: u32,
     place: PackedPlace,
     crc: u32,
     refs: u16,
@@ -106,14 +107,10 @@ struct Content {
 }
 
 impl Content {
-    fn hash(&self) -> u64 {
-        u64::from(self.hash[0]) | (u64::from(self.hash[1]) << 32)
+    /// The dedup table's hash of this content: its tag spread over 64 bits.
+    fn key(&self) -> u64 {
+        tag_key(self.tag)
     }
-}
-
-/// Splits a hash key into a content's two halves.
-fn split_key(key: u64) -> [u32; 2] {
-    [key as u32, (key >> 32) as u32]
 }
 
 /// How a new content should be kept.
@@ -206,8 +203,9 @@ impl Store {
         opts: InternOptions,
     ) -> Result<ContentId, ArenaFull> {
         let key = digest.hash.map(hash_key);
+        let tag = digest.hash.map(hash_tag).unwrap_or(0);
         let contents = &self.contents;
-        let found = key.and_then(|k| self.dedup.find(k, |id| contents[id as usize].hash() == k));
+        let found = key.and_then(|k| self.dedup.find(k, |id| contents[id as usize].tag == tag));
         if let Some(id) = found {
             if self.contents[id as usize].refs < MAX_REFS && self.same_bytes(id, page) {
                 self.contents[id as usize].refs += 1;
@@ -224,29 +222,29 @@ impl Store {
             flags |= COMPRESSIBLE;
         }
         let mut content = Content {
-            hash: [0; 2],
+            tag: 0,
             place: PackedPlace::new(Place::Frame(frame)),
             refs: 1,
             crc: digest.crc,
             flags,
             accessed: AtomicBool::new(opts.compressible),
         };
-        if let Some(key) = key {
-            content.hash = split_key(key);
+        if key.is_some() {
+            content.tag = tag;
             content.flags |= HASHED;
         }
         let (contents, free) = (&mut self.contents, &mut self.free_contents);
         let expected = self.budget_bytes / PAGE_SIZE;
         let id = crate::dense::place_expecting(contents, free, content, expected);
         if let Some(key) = key {
-            // A hash collision with different bytes keeps the first content in the table
+            // A tag collision with different bytes keeps the first content in the table
             // and the new one is simply not shared, unless the first has lost its bytes.
             // (`found` is still the table's entry: nothing above changed the table, and a
             // content in it has references, so its id was not reused.)
             match found {
                 None => {
                     let contents = &self.contents;
-                    self.dedup.insert_unique(key, id, |i| contents[i as usize].hash());
+                    self.dedup.insert_unique(key, id, |i| contents[i as usize].key());
                 }
                 Some(old) if !self.is_live(old) => {
                     // The old content keeps its HASHED flag but is no longer the entry, so
@@ -266,16 +264,27 @@ impl Store {
     }
 
     /// Shares the live content with this hash and checksum, as [`Store::intern`] would if
-    /// it had the bytes: for a put by hash, whose bytes stayed with the client. What is
-    /// compared is the hash's key (its low 64 bits) and the CRC-32C, 96 bits in all: a
-    /// client's hash that matches another page's key (or a wrong one) gets `None` unless
-    /// the CRC-32C matches as well.
-    pub fn share(&mut self, hash: u128, crc: u32, opts: InternOptions) -> Option<ContentId> {
-        let key = hash_key(hash);
+    /// it had the bytes: for a put by hash, whose bytes stayed with the client. The
+    /// content is found by the hash's tag and must have the same CRC-32C; then its full
+    /// hash is recomputed from its bytes (in `scope`, the pool's trust domain) and must be
+    /// `hash`, all 128 bits: a client's hash that matches another page's tag (or a wrong
+    /// one) gets `None`. The recomputation costs a hash of one page (~0.2 µs), paid only
+    /// by a put by hash, which saved a 4 KiB transfer.
+    pub fn share(
+        &mut self,
+        hash: u128,
+        crc: u32,
+        scope: DedupScope,
+        opts: InternOptions,
+    ) -> Option<ContentId> {
+        let (key, tag) = (hash_key(hash), hash_tag(hash));
         let contents = &self.contents;
-        let id = self.dedup.find(key, |id| contents[id as usize].hash() == key)?;
+        let id = self.dedup.find(key, |id| contents[id as usize].tag == tag)?;
         let c = &self.contents[id as usize];
         if !self.is_live(id) || c.crc != crc || c.refs == MAX_REFS {
+            return None;
+        }
+        if !self.hashes_to(id, hash, scope) {
             return None;
         }
         self.contents[id as usize].refs += 1;
@@ -285,7 +294,21 @@ impl Store {
         Some(id)
     }
 
-    /// Calls `visit` with the hash key (the low 64 bits of the content hash) of every live,
+    /// True when the bytes of content `id` hash to `hash` in `scope`.
+    fn hashes_to(&self, id: ContentId, hash: u128, scope: DedupScope) -> bool {
+        let check = |page: &[u8]| content_hash(page, scope) == Some(hash);
+        match self.contents[id as usize].place.get() {
+            Place::Frame(f) => self.arena.is_live(f) && check(self.arena.bytes(f)),
+            Place::Compressed => {
+                let mut buf = [0u8; PAGE_SIZE];
+                self.decompress(id, &mut buf) && check(&buf)
+            }
+            Place::Dead => false,
+        }
+    }
+
+    /// Calls `visit` with the hash key (`hash_key`: the content hash's tag spread over 64
+    /// bits) of every live,
     /// shareable content among the next `max` content slots from `from`; returns where to
     /// go on, or `None` at the end. Lets a caller walk every hash in steps, taking the
     /// store lock once per step.
@@ -299,7 +322,7 @@ impl Store {
         for id in from..end {
             let c = &self.contents[id];
             if c.flags & HASHED != 0 && c.refs > 0 && self.is_live(id as ContentId) {
-                visit(c.hash());
+                visit(c.key());
             }
         }
         (end < self.contents.len()).then_some(end)
@@ -387,7 +410,7 @@ impl Store {
         let place = std::mem::replace(&mut c.place, PackedPlace::new(Place::Dead)).get();
         if c.flags & HASHED != 0 {
             c.flags &= !HASHED;
-            self.dedup.remove(c.hash(), |i| i == id);
+            self.dedup.remove(c.key(), |i| i == id);
         }
         match place {
             Place::Frame(f) => {
@@ -559,11 +582,11 @@ impl Store {
         for id in self.dedup.iter() {
             let c = &self.contents[id as usize];
             assert!(c.refs > 0 && c.flags & HASHED != 0, "stale dedup entry {id}");
-            assert!(hashes.insert(c.hash()), "two dedup entries for one hash");
-            let found = self.dedup.find(c.hash(), |o| self.contents[o as usize].hash() == c.hash());
+            assert!(hashes.insert(c.tag), "two dedup entries for one tag");
+            let found = self.dedup.find(c.key(), |o| self.contents[o as usize].tag == c.tag);
             assert_eq!(found, Some(id), "dedup entry {id} cannot be found by its hash");
         }
-        self.dedup.validate(|i| self.contents[i as usize].hash());
+        self.dedup.validate(|i| self.contents[i as usize].key());
         assert_eq!(pinned, self.pinned, "pinned frame counts per segment drifted");
         let mut draining: Vec<(usize, usize)> = stale.into_iter().collect();
         draining.sort_unstable();
@@ -607,25 +630,70 @@ pub struct StoreUsage {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::content::checksum;
+
+    const DOMAIN: DedupScope = DedupScope::Domain(fallow_core::TrustDomain(0));
 
     #[test]
-    fn a_content_takes_20_bytes() {
-        assert_eq!(std::mem::size_of::<Content>(), 20);
+    fn a_content_takes_16_bytes() {
+        assert_eq!(std::mem::size_of::<Content>(), 16);
+    }
+
+    #[test]
+    fn a_put_by_hash_needs_all_128_bits_of_the_hash_and_the_checksum() {
+        let mut store = Store::new(16 * PAGE_SIZE);
+        let page: Vec<u8> = (0..PAGE_SIZE).map(|i| (i % 253) as u8).collect();
+        let digest = Digest::of(&page, DOMAIN);
+        let id = store.intern(&page, digest, InternOptions::default()).unwrap();
+        let hash = digest.hash.unwrap();
+        let opts = InternOptions::default();
+        // Same tag (low 32 bits) and checksum, another hash: the stored page's hash is
+        // recomputed, so this is not held.
+        for wrong in [hash ^ (1 << 32), hash ^ (1 << 127)] {
+            assert_eq!(store.share(wrong, digest.crc, DOMAIN, opts), None, "{wrong:x}");
+        }
+        assert_eq!(store.share(hash, digest.crc ^ 1, DOMAIN, opts), None, "checksum differs");
+        let other = DedupScope::Domain(fallow_core::TrustDomain(1));
+        assert_eq!(store.share(hash, digest.crc, other, opts), None, "another domain");
+        assert_eq!(store.share(hash, digest.crc, DOMAIN, opts), Some(id));
+        let mut refs = HashMap::new();
+        refs.insert(id, 2);
+        store.validate(&refs);
+    }
+
+    #[test]
+    fn pages_whose_tags_collide_are_kept_apart() {
+        // Two different pages with one tag: the second is not shared with the first (the
+        // bytes differ) and is not in the dedup table; both read back their own bytes.
+        let mut store = Store::new(16 * PAGE_SIZE);
+        let (a, b) = (vec![1u8; PAGE_SIZE], vec![2u8; PAGE_SIZE]);
+        let tag = 0xdead_beef_u128;
+        let da = Digest { hash: Some(7 << 64 | tag), crc: checksum(&a) };
+        let db = Digest { hash: Some(9 << 64 | tag), crc: checksum(&b) };
+        let ia = store.intern(&a, da, InternOptions::default()).unwrap();
+        let ib = store.intern(&b, db, InternOptions::default()).unwrap();
+        assert_ne!(ia, ib);
+        let mut out = vec![0u8; PAGE_SIZE];
+        store.copy_out(ib, &mut out).unwrap();
+        assert_eq!(out, b);
+        store.copy_out(ia, &mut out).unwrap();
+        assert_eq!(out, a);
+        store.validate(&HashMap::from([(ia, 1), (ib, 1)]));
     }
 
     #[test]
     fn a_content_shared_to_its_limit_makes_the_next_copy_its_own() {
         let mut store = Store::new(16 * PAGE_SIZE);
         let page = vec![0x5au8; PAGE_SIZE];
-        let digest =
-            Digest::of(&page, fallow_core::DedupScope::Domain(fallow_core::TrustDomain(0)));
+        let digest = Digest::of(&page, DOMAIN);
         let first = store.intern(&page, digest, InternOptions::default()).unwrap();
         for _ in 1..MAX_REFS {
             assert_eq!(store.intern(&page, digest, InternOptions::default()), Ok(first));
         }
         let own = store.intern(&page, digest, InternOptions::default()).unwrap();
         assert_ne!(own, first, "a 65 536th reference must not overflow the count");
-        assert_eq!(store.share(digest.hash.unwrap(), digest.crc, InternOptions::default()), None);
+        let opts = InternOptions::default();
+        assert_eq!(store.share(digest.hash.unwrap(), digest.crc, DOMAIN, opts), None);
         let mut refs = HashMap::new();
         refs.insert(first, u32::from(MAX_REFS));
         refs.insert(own, 1);
