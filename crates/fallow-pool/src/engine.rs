@@ -7,8 +7,8 @@
 //!
 //! # Locking
 //! Lock order: `shards[i]` (ascending `i` when several are held) → `store` (read or write)
-//! → `pools` (read). None is held across a call back into user code. See
-//! `docs/concurrency.md`.
+//! → `pools` (read, for validation). Operations find their pool in `pool_snapshot`, with
+//! no lock. None is held across a call back into user code. See `docs/concurrency.md`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -26,7 +26,7 @@ use crate::compress::Compressor;
 use crate::config::{EngineConfig, MAX_BUDGET_BYTES};
 use crate::content::{checksum, fill_word, write_fill, Digest};
 use crate::eviction;
-use crate::pools::{PoolCounters, PoolState, PoolTable};
+use crate::pools::{self, Counter, PoolCounters, PoolSnapshot, PoolState, PoolTable};
 use crate::shard::{key_hash, Shard, Slot, Value};
 use crate::stats::{BudgetReport, EngineStats, MemoryUsage, PoolStats};
 use crate::store::{InternOptions, Read, ShrinkReport, Store};
@@ -46,8 +46,11 @@ pub struct Engine {
 }
 
 pub(crate) struct Inner {
-    /// The pool table (see `pools.rs` for its lock rules).
+    /// The pool table (see `pools.rs` for its lock rules): taken by creation, destruction
+    /// and stats; operations read `pool_snapshot` instead.
     pub(crate) pools: RwLock<PoolTable>,
+    /// The live pools as of the last change of `pools`, published under its write lock.
+    pub(crate) pool_snapshot: PoolSnapshot,
     /// Index shards, chosen by the high bits of the key hash. `parking_lot` mutexes: each is
     /// held for one index operation and never across blocking work.
     pub(crate) shards: Box<[Mutex<Shard>]>,
@@ -130,6 +133,7 @@ impl Engine {
             .collect();
         let inner = Arc::new(Inner {
             pools: RwLock::new(PoolTable::default()),
+            pool_snapshot: PoolSnapshot::default(),
             shards,
             store: RwLock::new(Store::new(config.budget_bytes)),
             entries_per_shard: AtomicUsize::new(per_shard * config.entries_per_frame),
@@ -276,8 +280,11 @@ impl Engine {
 }
 
 impl Inner {
+    /// The pool `id`, shared: for operations that keep it (a put's job). Operations that
+    /// only borrow it for their duration use `pool_snapshot` directly.
     fn pool(&self, id: PoolId) -> Result<Arc<PoolState>, StoreError> {
-        self.pools.read().get(id)
+        let pools = self.pool_snapshot.load();
+        pools.get(&id).cloned().ok_or(StoreError::UnknownPool(id))
     }
 
     fn shard_of(&self, hash: u64) -> usize {
@@ -293,20 +300,21 @@ impl Inner {
             store.release(id);
         }
         let Some(counters) = counters else { return };
-        counters.pages.fetch_sub(1, Ordering::Relaxed);
+        counters.drop_one(Counter::Pages);
         if matches!(slot.value, Value::Fill(_)) {
-            counters.fill_pages.fetch_sub(1, Ordering::Relaxed);
+            counters.drop_one(Counter::FillPages);
         }
     }
 
     /// Evicts one ephemeral page of `shard`. False when it has none.
     fn evict_one(&self, shard: &mut Shard, store: &mut Store) -> bool {
         let Some(victim) = shard.evict_one() else { return false };
-        let state = self.pools.read().get(victim.key.pool).ok();
-        if let Some(state) = &state {
-            PoolCounters::bump(&state.counters.evictions);
+        let pools = self.pool_snapshot.load();
+        let state = pools::find(&pools, victim.key.pool).ok();
+        if let Some(state) = state {
+            state.counters.bump(Counter::Evictions);
         }
-        self.release(store, &victim, state.as_ref().map(|s| &s.counters));
+        self.release(store, &victim, state.map(|s| &s.counters));
         true
     }
 
@@ -423,8 +431,8 @@ impl Inner {
             Err(PutFail::NotHeld) => HashPutOutcome::NotHeld,
         };
         match outcome {
-            HashPutOutcome::Stored => PoolCounters::bump(&job.pool.counters.puts_stored),
-            HashPutOutcome::NotStored(_) => PoolCounters::bump(&job.pool.counters.puts_refused),
+            HashPutOutcome::Stored => job.pool.counters.bump(Counter::PutsStored),
+            HashPutOutcome::NotStored(_) => job.pool.counters.bump(Counter::PutsRefused),
             // Not a refusal: the caller sends the page next.
             HashPutOutcome::NotHeld => {}
         }
@@ -490,9 +498,9 @@ impl Inner {
             },
         };
         shard.insert(Slot { key, value, persistent }, hash);
-        pool.counters.pages.fetch_add(1, Ordering::Relaxed);
+        pool.counters.bump(Counter::Pages);
         if fill.is_some() {
-            pool.counters.fill_pages.fetch_add(1, Ordering::Relaxed);
+            pool.counters.bump(Counter::FillPages);
         }
         Ok(Ok(()))
     }
@@ -508,7 +516,7 @@ impl Inner {
     ) -> Option<NotStored> {
         if persistent {
             if let Some(quota) = pool.spec.quota_pages {
-                if pool.counters.pages.load(Ordering::Relaxed) >= quota {
+                if pool.counters.get(Counter::Pages) >= quota {
                     return Some(NotStored::OverQuota);
                 }
             }
@@ -524,12 +532,12 @@ impl Inner {
 
     fn get(&self, key: PageKey, out: &mut [u8], remove: bool) -> Result<Lookup, StoreError> {
         check_page(out.len())?;
-        let pool = self.pool(key.pool)?;
+        let pools = self.pool_snapshot.load();
+        let pool = pools::find(&pools, key.pool)?;
         let hash = key_hash(&key);
         let mut shard = self.shards[self.shard_of(hash)].lock();
-        let found = self.read_locked(&mut shard, &pool, key, hash, out, remove);
-        let counter = if found.is_hit() { &pool.counters.hits } else { &pool.counters.misses };
-        PoolCounters::bump(counter);
+        let found = self.read_locked(&mut shard, pool, key, hash, out, remove);
+        pool.counters.bump(if found.is_hit() { Counter::Hits } else { Counter::Misses });
         Ok(found)
     }
 
@@ -557,10 +565,10 @@ impl Inner {
                 };
                 if found != Read::Ok {
                     let counter = match found {
-                        Read::Corrupt => &pool.counters.corruptions,
-                        _ => &pool.counters.evictions,
+                        Read::Corrupt => Counter::Corruptions,
+                        _ => Counter::Evictions,
                     };
-                    PoolCounters::bump(counter);
+                    pool.counters.bump(counter);
                     let slot = shard.remove(id);
                     self.release(&mut self.store.write(), &slot, Some(&pool.counters));
                     return Lookup::Miss;
@@ -570,7 +578,7 @@ impl Inner {
         if remove {
             let slot = shard.remove(id);
             self.release(&mut self.store.write(), &slot, Some(&pool.counters));
-            PoolCounters::bump(&pool.counters.invalidations);
+            pool.counters.bump(Counter::Invalidations);
         } else {
             shard.touch(id, hash);
         }
@@ -584,7 +592,7 @@ impl Inner {
         if let Some((id, _)) = shard.lookup(&key, hash) {
             let slot = shard.remove(id);
             self.release(&mut self.store.write(), &slot, Some(&pool.counters));
-            PoolCounters::bump(&pool.counters.invalidations);
+            pool.counters.bump(Counter::Invalidations);
         }
         Ok(())
     }
@@ -613,12 +621,17 @@ impl Inner {
                 removed += 1;
             }
         }
-        counters.invalidations.fetch_add(removed, Ordering::Relaxed);
+        counters.add(Counter::Invalidations, removed);
         removed
     }
 
     fn destroy_pool(&self, id: PoolId) -> Result<(), StoreError> {
-        let last = self.pools.write().detach(id)?;
+        let last = {
+            let mut table = self.pools.write();
+            let last = table.detach(id)?;
+            self.pool_snapshot.publish(&table);
+            last
+        };
         if let Some(state) = last {
             let removed = self.invalidate_pages(id, &state.counters, None);
             tracing::debug!(pool = id.0, removed, "pool destroyed");
@@ -670,7 +683,7 @@ impl Inner {
         store.validate(&refs);
         for (id, state) in self.pools.read().all() {
             let counted = pages.get(&id).copied().unwrap_or(0);
-            let recorded = state.counters.pages.load(Ordering::Relaxed);
+            let recorded = state.counters.get(Counter::Pages);
             assert_eq!(counted, recorded, "{id}: {counted} pages indexed, {recorded} counted");
         }
     }
@@ -687,7 +700,10 @@ fn page_outcome(outcome: HashPutOutcome) -> PutOutcome {
 
 impl PageStore for Engine {
     fn create_pool(&self, spec: &PoolSpec) -> Result<PoolId, StoreError> {
-        self.inner.pools.write().create(spec)
+        let mut table = self.inner.pools.write();
+        let id = table.create(spec)?;
+        self.inner.pool_snapshot.publish(&table);
+        Ok(id)
     }
 
     fn destroy_pool(&self, pool: PoolId) -> Result<(), StoreError> {
@@ -743,11 +759,12 @@ impl Inner {
         out: &mut [u8],
         remove: bool,
     ) -> Result<Vec<Lookup>, StoreError> {
-        let mut pools: Vec<(PoolId, Arc<PoolState>)> = Vec::new();
+        let snapshot = self.pool_snapshot.load();
+        let mut pools: Vec<(PoolId, &PoolState)> = Vec::new();
         let mut order: Vec<(usize, u64, usize)> = Vec::with_capacity(keys.len());
         for (i, key) in keys.iter().enumerate() {
             if !pools.iter().any(|(id, _)| *id == key.pool) {
-                pools.push((key.pool, self.pool(key.pool)?));
+                pools.push((key.pool, pools::find(&snapshot, key.pool)?));
             }
             let hash = key_hash(key);
             order.push((self.shard_of(hash), hash, i));
@@ -759,11 +776,9 @@ impl Inner {
             let mut shard = self.shards[group[0].0].lock();
             for &(_, hash, i) in group {
                 let key = keys[i];
-                let pool = &pools.iter().find(|(id, _)| *id == key.pool).expect("looked up").1;
+                let pool = pools.iter().find(|(id, _)| *id == key.pool).expect("looked up").1;
                 let found = self.read_locked(&mut shard, pool, key, hash, pages[i], remove);
-                let counter =
-                    if found.is_hit() { &pool.counters.hits } else { &pool.counters.misses };
-                PoolCounters::bump(counter);
+                pool.counters.bump(if found.is_hit() { Counter::Hits } else { Counter::Misses });
                 results[i] = found;
             }
         }

@@ -1,45 +1,142 @@
 //! The pool table: which pools exist, their specs, and their counters.
 //!
 //! # Locking
-//! One `RwLock` around the table. Operations take it for reading, for a map lookup and an
-//! `Arc` clone, before any shard lock; an eviction also takes it for reading after a shard
-//! and the store, to charge the victim's pool (order: shard → store → pools). Only pool
-//! creation and destruction take it for writing, and they never lock a shard while
-//! holding it, so the read after a shard lock cannot deadlock.
+//! One `RwLock` around the table, taken for writing by pool creation and destruction and
+//! for reading by stats. Operations do not take it: they look their pool up in a snapshot
+//! of the table ([`PoolSnapshot`], an `ArcSwap` the writers replace), which costs no
+//! write to memory another thread uses; taking the lock for reading and cloning the
+//! pool's `Arc`, as they did, wrote four times per operation to two cache lines that
+//! every thread's operations share. The counters are striped for the same reason
+//! ([`PoolCounters`]). Creation and destruction never lock a shard while holding the
+//! lock.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 
+use arc_swap::{ArcSwap, Guard};
 use fallow_core::{PoolId, PoolKind, PoolSpec, Sharing, StoreError};
 
-/// Counters of one pool. Relaxed atomics: they are statistics, never used to decide.
+/// One pool counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counter {
+    /// Gets and takes that found the page.
+    Hits,
+    /// Gets and takes that did not.
+    Misses,
+    /// Puts that stored their page.
+    PutsStored,
+    /// Puts that were refused or dropped.
+    PutsRefused,
+    /// Pages evicted to make room or dropped to give memory back.
+    Evictions,
+    /// Pages removed by invalidate or take.
+    Invalidations,
+    /// Reads whose checksum failed (each also counts as a miss).
+    Corruptions,
+    /// Logical pages currently stored.
+    Pages,
+    /// Of those, pages stored as a fill word without a frame.
+    FillPages,
+}
+
+const COUNTERS: usize = 9;
+/// Stripes per pool: threads are spread over them, so that two threads rarely count in
+/// the same cache line.
+const STRIPES: usize = 8;
+
+/// One stripe of a pool's counters, on cache lines of its own (128 bytes: two lines, as
+/// adjacent lines are fetched together on x86).
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Stripe([AtomicU64; COUNTERS]);
+
+/// Counters of one pool, striped by thread: each thread adds to its own stripe and a read
+/// sums them. Relaxed atomics; a persistent pool's quota reads `Pages` (a sum of 8 loads).
+/// A stripe may go below zero (a page counted in by one thread and out by another): the
+/// sums wrap and come out right.
 #[derive(Debug, Default)]
 pub struct PoolCounters {
-    /// Gets and takes that found the page.
-    pub hits: AtomicU64,
-    /// Gets and takes that did not.
-    pub misses: AtomicU64,
-    /// Puts that stored their page.
-    pub puts_stored: AtomicU64,
-    /// Puts that were refused or dropped.
-    pub puts_refused: AtomicU64,
-    /// Pages evicted to make room or dropped to give memory back.
-    pub evictions: AtomicU64,
-    /// Pages removed by invalidate or take.
-    pub invalidations: AtomicU64,
-    /// Reads whose checksum failed (each also counts as a miss).
-    pub corruptions: AtomicU64,
-    /// Logical pages currently stored.
-    pub pages: AtomicU64,
-    /// Of those, pages stored as a fill word without a frame.
-    pub fill_pages: AtomicU64,
+    stripes: [Stripe; STRIPES],
+}
+
+/// The stripe of the calling thread: threads take the next one as they first count.
+fn stripe() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static STRIPE: usize = NEXT.fetch_add(1, Relaxed) % STRIPES;
+    }
+    STRIPE.with(|s| *s)
 }
 
 impl PoolCounters {
-    pub(crate) fn bump(counter: &AtomicU64) {
-        counter.fetch_add(1, Relaxed);
+    /// Adds `n` to `counter`.
+    pub(crate) fn add(&self, counter: Counter, n: u64) {
+        self.stripes[stripe()].0[counter as usize].fetch_add(n, Relaxed);
     }
+
+    /// Adds one to `counter`.
+    pub(crate) fn bump(&self, counter: Counter) {
+        self.add(counter, 1);
+    }
+
+    /// Takes one from `counter`.
+    pub(crate) fn drop_one(&self, counter: Counter) {
+        self.stripes[stripe()].0[counter as usize].fetch_sub(1, Relaxed);
+    }
+
+    /// The value of `counter`.
+    pub fn get(&self, counter: Counter) -> u64 {
+        let i = counter as usize;
+        self.stripes.iter().fold(0u64, |sum, s| sum.wrapping_add(s.0[i].load(Relaxed)))
+    }
+}
+
+/// Pool ids, hashed by a multiply (they are small sequential numbers).
+#[derive(Default)]
+pub(crate) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.0 = u64::from(n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+/// The live pools as of the last creation or destruction, for operations to look their
+/// pool up without a lock.
+pub(crate) type PoolMap = HashMap<PoolId, Arc<PoolState>, BuildHasherDefault<IdHasher>>;
+
+/// A snapshot of the pool table ([`PoolTable::snapshot`]), replaced whenever the table
+/// changes.
+#[derive(Default)]
+pub(crate) struct PoolSnapshot(ArcSwap<PoolMap>);
+
+impl PoolSnapshot {
+    /// The pools now. Hold the guard for one operation, not longer: it pins this version.
+    pub(crate) fn load(&self) -> Guard<Arc<PoolMap>> {
+        self.0.load()
+    }
+
+    /// Publishes `table`'s pools.
+    pub(crate) fn publish(&self, table: &PoolTable) {
+        self.0.store(Arc::new(table.snapshot()));
+    }
+}
+
+/// Looks `id` up in a snapshot.
+pub(crate) fn find(pools: &PoolMap, id: PoolId) -> Result<&PoolState, StoreError> {
+    pools.get(&id).map(|s| &**s).ok_or(StoreError::UnknownPool(id))
 }
 
 /// A pool and its state.
@@ -79,6 +176,11 @@ impl PoolTable {
     /// The pool with this id.
     pub fn get(&self, id: PoolId) -> Result<Arc<PoolState>, StoreError> {
         self.pools.get(&id).map(|e| e.state.clone()).ok_or(StoreError::UnknownPool(id))
+    }
+
+    /// The live pools, for a [`PoolSnapshot`].
+    fn snapshot(&self) -> PoolMap {
+        self.pools.iter().map(|(&id, e)| (id, e.state.clone())).collect()
     }
 
     /// Every pool, for stats.
@@ -133,5 +235,46 @@ impl PoolTable {
         }
         entry.state.alive.store(false, std::sync::atomic::Ordering::Release);
         Ok(Some(entry.state))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn striped_counters_sum_across_threads_even_when_a_stripe_goes_below_zero() {
+        let c = PoolCounters::default();
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| (0..1000).for_each(|_| c.bump(Counter::Hits)));
+            }
+        });
+        assert_eq!(c.get(Counter::Hits), 4000);
+        // Counted in here, out on other threads (other stripes): the sum is right.
+        c.add(Counter::Pages, 3);
+        std::thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| c.drop_one(Counter::Pages));
+            }
+        });
+        assert_eq!(c.get(Counter::Pages), 0);
+        assert_eq!(c.get(Counter::Misses), 0);
+    }
+
+    #[test]
+    fn the_snapshot_follows_creation_and_destruction() {
+        let mut table = PoolTable::default();
+        let snapshot = PoolSnapshot::default();
+        let id = table.create(&PoolSpec::ephemeral()).unwrap();
+        assert!(find(&snapshot.load(), id).is_err(), "not published yet");
+        snapshot.publish(&table);
+        let pinned = snapshot.load();
+        assert!(find(&pinned, id).is_ok());
+        table.detach(id).unwrap();
+        snapshot.publish(&table);
+        assert!(find(&snapshot.load(), id).is_err(), "gone after the next publish");
+        // A snapshot loaded before still has it (an operation in flight finishes with it).
+        assert!(!find(&pinned, id).unwrap().alive.load(Relaxed), "but marked dead");
     }
 }

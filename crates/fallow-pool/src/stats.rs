@@ -1,11 +1,10 @@
 //! What the engine reports about itself: per-pool counters and memory use.
 
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use fallow_core::{PoolId, PoolKind, PAGE_SIZE};
 
-use crate::pools::PoolState;
+use crate::pools::{Counter, PoolState};
 use crate::store::{ShrinkReport, StoreUsage};
 
 /// Counters of one pool, read at one moment (each counter is exact; the set is not a
@@ -38,19 +37,19 @@ pub struct PoolStats {
 
 impl PoolStats {
     pub(crate) fn of(pool: PoolId, state: &PoolState) -> Self {
-        let c = &state.counters;
+        let c = |counter| state.counters.get(counter);
         Self {
             pool,
             kind: state.spec.kind,
-            pages: c.pages.load(Relaxed),
-            fill_pages: c.fill_pages.load(Relaxed),
-            hits: c.hits.load(Relaxed),
-            misses: c.misses.load(Relaxed),
-            puts_stored: c.puts_stored.load(Relaxed),
-            puts_refused: c.puts_refused.load(Relaxed),
-            evictions: c.evictions.load(Relaxed),
-            invalidations: c.invalidations.load(Relaxed),
-            corruptions: c.corruptions.load(Relaxed),
+            pages: c(Counter::Pages),
+            fill_pages: c(Counter::FillPages),
+            hits: c(Counter::Hits),
+            misses: c(Counter::Misses),
+            puts_stored: c(Counter::PutsStored),
+            puts_refused: c(Counter::PutsRefused),
+            evictions: c(Counter::Evictions),
+            invalidations: c(Counter::Invalidations),
+            corruptions: c(Counter::Corruptions),
         }
     }
 }

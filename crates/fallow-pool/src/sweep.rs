@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{MutexGuard, RwLockWriteGuard};
 
 use crate::engine::Inner;
-use crate::pools::PoolCounters;
+use crate::pools::Counter;
 
 /// Slots looked at per hold of a shard's lock.
 const SLOTS_PER_HOLD: usize = 4096;
@@ -131,11 +131,12 @@ impl Inner {
                     let mut store = self.store.write();
                     for id in stale {
                         let slot = shard.remove(id);
-                        let state = self.pools.read().get(slot.key.pool).ok();
-                        if let Some(state) = &state {
-                            PoolCounters::bump(&state.counters.evictions);
+                        let pools = self.pool_snapshot.load();
+                        let state = crate::pools::find(&pools, slot.key.pool).ok();
+                        if let Some(state) = state {
+                            state.counters.bump(Counter::Evictions);
                         }
-                        self.release(&mut store, &slot, state.as_ref().map(|s| &s.counters));
+                        self.release(&mut store, &slot, state.map(|s| &s.counters));
                         report.entries_removed += 1;
                     }
                     RwLockWriteGuard::unlock_fair(store);
