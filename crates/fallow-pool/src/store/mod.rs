@@ -444,7 +444,11 @@ impl Store {
                 let _ = self.decompress(id, out);
             }
         }
-        c.accessed.store(true, Ordering::Relaxed);
+        // Only the compressor reads the bit: set it for compressible pages, and only when it
+        // is clear, so that reading a hot page does not write to its content's cache line.
+        if c.flags & COMPRESSIBLE != 0 && !c.accessed.load(Ordering::Relaxed) {
+            c.accessed.store(true, Ordering::Relaxed);
+        }
         Some(c.crc)
     }
 
