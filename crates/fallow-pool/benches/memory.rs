@@ -7,7 +7,8 @@
 //!   fill minus VmRSS before, minus the page bytes). Each case runs in a child process of
 //!   this binary, so that neither sees the heap the other freed.
 //! * (b) giving back 1 GiB: an engine of 1.25 GiB filled with 327680 unique ephemeral
-//!   pages, then `set_budget(256 MiB)`; five runs, refilled each time.
+//!   pages, then `set_budget(256 MiB)`; five runs, refilled each time. Also the longest
+//!   put of each fill (the engine's tables grow meanwhile).
 //! * (c) the same give-back while a reader thread keeps calling `get`: the longest and the
 //!   99th-percentile get latency around the shrink.
 //!
@@ -92,8 +93,15 @@ fn engine(budget: usize) -> Engine {
 
 /// Creates a pool of `spec` and fills it with `budget / PAGE_SIZE` unique pages, showing
 /// progress on stderr. Panics if a put is not stored (the budget holds every page).
-fn fill(e: &Engine, spec: &PoolSpec, what: &str) -> fallow_core::PoolId {
+fn fill(e: &Engine, spec: &PoolSpec, what: &str) -> Filled {
     fill_keyed(e, spec, what, key, 1)
+}
+
+/// A filled pool, and how long its slowest put took (the engine's tables grow while it
+/// fills: a table rebuilt at once would show here).
+struct Filled {
+    pool: fallow_core::PoolId,
+    longest_put: Duration,
 }
 
 /// [`fill`] with keys made by `key`, and `passes` times as many pages as the budget holds
@@ -104,21 +112,27 @@ fn fill_keyed(
     what: &str,
     key: fn(fallow_core::PoolId, u64) -> PageKey,
     passes: u64,
-) -> fallow_core::PoolId {
+) -> Filled {
     let pool = e.create_pool(spec).expect("pool created");
     let n = (e.config().budget_bytes / PAGE_SIZE) as u64 * passes;
     let mut buf = vec![0u8; PAGE_SIZE];
     let start = Instant::now();
+    let mut longest_put = Duration::ZERO;
     for i in 0..n {
         page(i, &mut buf);
+        let put_start = Instant::now();
         let stored = e.put(key(pool, i), &buf).expect("put");
+        longest_put = longest_put.max(put_start.elapsed());
         assert_eq!(stored, PutOutcome::Stored, "page {i} of {n} not stored");
         if i % (n / 8).max(1) == 0 {
             eprint!("\r  {what}: filling {:>3}% ({i}/{n} pages)", i * 100 / n);
         }
     }
-    eprintln!("\r  {what}: filled {n} pages in {:.2?}          ", start.elapsed());
-    pool
+    eprintln!(
+        "\r  {what}: filled {n} pages in {:.2?}, longest put {longest_put:.2?}          ",
+        start.elapsed()
+    );
+    Filled { pool, longest_put }
 }
 
 /// The key of page `i` when every page is an object of its own: the index's worst case,
@@ -250,9 +264,11 @@ fn ms(d: Duration) -> String {
 
 fn shrink(sizes: Sizes) {
     let mut runs = Vec::new();
+    let mut longest_puts = Vec::new();
     for run in 0..RUNS {
         let e = engine(sizes.big_budget);
-        fill(&e, &PoolSpec::ephemeral(), &format!("give-back run {}/{RUNS}", run + 1));
+        let filled = fill(&e, &PoolSpec::ephemeral(), &format!("give-back run {}/{RUNS}", run + 1));
+        longest_puts.push(filled.longest_put);
         let g = give_back(&e, sizes);
         eprintln!(
             "  give-back run {}/{RUNS}: elapsed {:?}, wall {:?}, {:?}",
@@ -297,6 +313,13 @@ fn shrink(sizes: Sizes) {
         let (m, x) = median_max(v);
         println!("| {name} | {m} | {x} | |");
     };
+    let (put_med, put_max) = median_max(&longest_puts);
+    println!(
+        "| longest put while filling the {} MiB | {} | {} | |",
+        sizes.big_budget / MIB,
+        ms(put_med),
+        ms(put_max)
+    );
     row("segments released", &segs);
     row("contents dropped", &dropped);
     row("RSS before, MiB", &rss_b);
@@ -372,7 +395,7 @@ fn shrink_with_reader(sizes: Sizes) {
     let mut worst = 0;
     for run in 0..RUNS {
         let e = engine(sizes.big_budget);
-        let pool = fill(&e, &PoolSpec::ephemeral(), &format!("reader run {}/{RUNS}", run + 1));
+        let pool = fill(&e, &PoolSpec::ephemeral(), &format!("reader run {}/{RUNS}", run + 1)).pool;
         let (s0, s1, report, samples) = shrink_under_reads(&e, sizes, pool);
         let lo = s0.saturating_sub(MARGIN);
         let hi = s1 + MARGIN;

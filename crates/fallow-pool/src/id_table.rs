@@ -20,6 +20,12 @@
 //! (which asks the caller for their hash). Ids that no sequence of moves can place (keys
 //! with identical hashes, more than two groups of them) go to the stash, searched last.
 //!
+//! Growing does not stop the world: the table allocates the larger arrays and then moves
+//! the old ones' ids over a few groups at each insert (two groups, at most 16 ids, each
+//! rehashed through the caller), searching both meanwhile. Rebuilding at once would hold
+//! the caller's lock for the whole table: the dedup table of a 16 GiB budget doubling from
+//! 2 to 4 million entries is ~0.3 s under the store lock, every get waiting.
+//!
 //! Control bytes are zero when empty, so a new table's memory comes zeroed from the
 //! allocator and is not resident until used.
 
@@ -39,6 +45,11 @@ const MIN_GROUPS: usize = 2;
 /// Moves an insert tries before it grows the table (or, if the table is mostly empty,
 /// puts the id in the stash: its hash then collides with too many others).
 const MAX_MOVES: usize = 64;
+/// Old groups moved to the new arrays per insert while growing, at least: more when the
+/// new arrays have little room beyond what the old ones held, so that the move always
+/// ends before they fill. Growth usually doubles, and then two groups (16 slots) per
+/// insert end it when the new arrays are about 60 % full.
+const MIGRATE_GROUPS: usize = 2;
 
 /// Bit 7 of each byte of the result is set where the byte of `g` is zero; also, rarely,
 /// in a byte above a zero one (a borrow), never below: the lowest set byte is always a
@@ -61,45 +72,34 @@ fn tag(hash: u64) -> u8 {
     FULL | (hash as u8 & 0x7f)
 }
 
-/// A table of `u32` ids found by a 64-bit hash the caller computes.
+/// One set of groups: control words and ids.
 #[derive(Default)]
-pub(crate) struct IdTable {
+struct Slots {
     /// The control bytes of each group, as one little-endian word (byte `i`: slot `i`).
     ctrl: Box<[u64]>,
     ids: Box<[u32]>,
-    /// Ids (with their hashes) that neither of their groups could take.
-    stash: Vec<(u64, u32)>,
-    items: usize,
-    /// Items the table is expected to hold when full ([`IdTable::expect`]).
-    expected: usize,
-    /// Picks which of a full group's ids an insert moves, so that moves do not cycle.
-    moves: usize,
 }
 
-impl IdTable {
-    /// Ids in the table.
-    pub(crate) fn len(&self) -> usize {
-        self.items
+impl Slots {
+    fn new(groups: usize) -> Self {
+        Self { ctrl: vec![0; groups].into(), ids: vec![0; groups * GROUP].into() }
     }
 
     fn groups(&self) -> usize {
         self.ctrl.len()
     }
 
-    /// Items the table takes before it must grow.
-    pub(crate) fn capacity(&self) -> usize {
+    /// Items these groups take at the maximum load.
+    fn capacity(&self) -> usize {
         self.ids.len() * LOAD_NUM / LOAD_DEN
     }
 
-    /// Heap bytes: a control byte and an id per slot, and the stash.
-    pub(crate) fn heap_bytes(&self) -> usize {
-        self.ctrl.len() * std::mem::size_of::<u64>()
-            + self.ids.len() * std::mem::size_of::<u32>()
-            + self.stash.capacity() * std::mem::size_of::<(u64, u32)>()
+    fn heap_bytes(&self) -> usize {
+        self.ctrl.len() * std::mem::size_of::<u64>() + self.ids.len() * std::mem::size_of::<u32>()
     }
 
     /// The first candidate group of `hash`, where an insert puts it when there is room.
-    #[inline]
+    #[inline(always)]
     fn first_home(&self, hash: u64) -> usize {
         scale(hash.wrapping_mul(0x9e37_79b9_7f4a_7c15), self.groups())
     }
@@ -131,7 +131,7 @@ impl IdTable {
 
     /// The id in group `g` whose control byte matches `wanted` (a tag in every byte) and
     /// that `eq` accepts.
-    #[inline]
+    #[inline(always)]
     fn find_in(&self, g: usize, wanted: u64, eq: &mut impl FnMut(u32) -> bool) -> Option<usize> {
         let mut matches = zero_bytes(self.ctrl[g] ^ wanted);
         while matches != 0 {
@@ -145,94 +145,46 @@ impl IdTable {
     }
 
     /// The slot (in one of its two groups) of the id with this hash that `eq` accepts.
-    #[inline]
+    /// Every lookup's path: inlined into each.
+    #[inline(always)]
     fn slot_of(&self, hash: u64, eq: &mut impl FnMut(u32) -> bool) -> Option<usize> {
         if self.ctrl.is_empty() {
             return None;
         }
         let wanted = u64::from(tag(hash)) * ONES;
         let first = self.first_home(hash);
-        self.find_in(first, wanted, eq)
-            .or_else(|| self.find_in(self.second_home(hash, first), wanted, eq))
+        if let Some(slot) = self.find_in(first, wanted, eq) {
+            return Some(slot);
+        }
+        self.find_in(self.second_home(hash, first), wanted, eq)
     }
 
-    /// Where in the stash the id with this hash that `eq` accepts is.
-    fn stashed(&self, hash: u64, eq: &mut impl FnMut(u32) -> bool) -> Option<usize> {
-        self.stash.iter().position(|&(h, id)| h == hash && eq(id))
-    }
-
-    /// The id with this hash that `eq` accepts.
-    #[inline]
-    pub(crate) fn find(&self, hash: u64, mut eq: impl FnMut(u32) -> bool) -> Option<u32> {
-        match self.slot_of(hash, &mut eq) {
-            Some(slot) => Some(self.ids[slot]),
-            None => self.stashed(hash, &mut eq).map(|i| self.stash[i].1),
+    /// Puts `id` in a free slot of group `g`, if it has one.
+    #[inline(always)]
+    fn try_put(&mut self, g: usize, hash: u64, id: u32) -> bool {
+        let word = self.ctrl[g];
+        let free = zero_bytes(word);
+        if free == 0 {
+            return false;
         }
-    }
-
-    /// The id with this hash that `eq` accepts, to replace it in place.
-    pub(crate) fn find_mut(
-        &mut self,
-        hash: u64,
-        mut eq: impl FnMut(u32) -> bool,
-    ) -> Option<&mut u32> {
-        match self.slot_of(hash, &mut eq) {
-            Some(slot) => Some(&mut self.ids[slot]),
-            None => self.stashed(hash, &mut eq).map(|i| &mut self.stash[i].1),
-        }
-    }
-
-    /// Takes out the id with this hash that `eq` accepts.
-    pub(crate) fn remove(&mut self, hash: u64, mut eq: impl FnMut(u32) -> bool) -> Option<u32> {
-        let id = match self.slot_of(hash, &mut eq) {
-            Some(slot) => {
-                self.set_ctrl(slot, EMPTY);
-                self.ids[slot]
-            }
-            None => {
-                let i = self.stashed(hash, &mut eq)?;
-                self.stash.swap_remove(i).1
-            }
-        };
-        self.items -= 1;
-        Some(id)
-    }
-
-    /// Adds `id`, whose hash is `hash` and which is not in the table yet. `hasher` gives
-    /// the hash of any id already in, to move it or to rebuild the table.
-    pub(crate) fn insert_unique(&mut self, hash: u64, id: u32, hasher: impl Fn(u32) -> u64) {
-        if self.items >= self.capacity() {
-            self.rebuild(groups_for(self.next_capacity()), &hasher);
-        }
-        // Most inserts find room in the first group; the rest goes through `place`.
-        if self.try_put(self.first_home(hash), hash, id) {
-            self.items += 1;
-            return;
-        }
-        let mut carried = (hash, id);
-        loop {
-            match self.place(carried.0, carried.1, &hasher) {
-                None => break,
-                Some(left) if self.items * 2 < self.capacity() => {
-                    // A mostly empty table that cannot place an id: its hash collides with
-                    // a full two groups' worth of others. Growing would not help.
-                    self.stash.push(left);
-                    break;
-                }
-                Some(left) => {
-                    carried = left;
-                    self.rebuild(groups_for(self.next_capacity()), &hasher);
-                }
-            }
-        }
-        self.items += 1;
+        let i = free.trailing_zeros() as usize / 8;
+        // The byte is EMPTY, zero: or-ing the tag in sets it.
+        self.ctrl[g] = word | (u64::from(tag(hash)) << (i * 8));
+        self.ids[g * GROUP + i] = id;
+        true
     }
 
     /// Puts `id` in a free slot of one of its groups, moving other ids to their other
-    /// group if both are full. Returns the id left without a slot (the one given, or one
-    /// moved out) when `MAX_MOVES` moves did not find room.
+    /// group if both are full (`moves` picks which). Returns the id left without a slot
+    /// (the one given, or one moved out) when `MAX_MOVES` moves did not find room.
     #[inline(never)]
-    fn place(&mut self, hash: u64, id: u32, hasher: &impl Fn(u32) -> u64) -> Option<(u64, u32)> {
+    fn place(
+        &mut self,
+        hash: u64,
+        id: u32,
+        moves: &mut usize,
+        hasher: &impl Fn(u32) -> u64,
+    ) -> Option<(u64, u32)> {
         let (mut hash, mut id) = (hash, id);
         let mut from = usize::MAX;
         for _ in 0..MAX_MOVES {
@@ -247,8 +199,8 @@ impl IdTable {
             // Both full: take the place of one of the ids of a group (not the one this id
             // was just moved out of), and carry that one to its other group.
             let g = if homes[0] == from { homes[1] } else { homes[0] };
-            self.moves = self.moves.wrapping_add(1);
-            let slot = g * GROUP + self.moves % GROUP;
+            *moves = moves.wrapping_add(1);
+            let slot = g * GROUP + *moves % GROUP;
             let out = self.ids[slot];
             self.set_ctrl(slot, tag(hash));
             self.ids[slot] = id;
@@ -257,32 +209,198 @@ impl IdTable {
         Some((hash, id))
     }
 
-    /// Puts `id` in a free slot of group `g`, if it has one.
-    #[inline]
-    fn try_put(&mut self, g: usize, hash: u64, id: u32) -> bool {
-        let word = self.ctrl[g];
-        let free = zero_bytes(word);
-        if free == 0 {
-            return false;
-        }
-        let i = free.trailing_zeros() as usize / 8;
-        // The byte is EMPTY, zero: or-ing the tag in sets it.
-        self.ctrl[g] = word | (u64::from(tag(hash)) << (i * 8));
-        self.ids[g * GROUP + i] = id;
-        true
+    /// The full slots of group `g`, with their ids.
+    fn full_in(&self, g: usize) -> impl Iterator<Item = (usize, u32)> + '_ {
+        (g * GROUP..(g + 1) * GROUP)
+            .filter(|&s| self.ctrl_of(s) & FULL != 0)
+            .map(|s| (s, self.ids[s]))
     }
 
-    /// How many items the table should take after its next rebuild. Below the expected
+    fn full(&self) -> impl Iterator<Item = (usize, u32)> + '_ {
+        (0..self.groups()).flat_map(|g| self.full_in(g))
+    }
+}
+
+/// Old groups still being moved to the new ones, the next one to move, and how many to
+/// move per insert.
+struct Migration {
+    old: Slots,
+    next: usize,
+    per_insert: usize,
+}
+
+/// A table of `u32` ids found by a 64-bit hash the caller computes.
+#[derive(Default)]
+pub(crate) struct IdTable {
+    cur: Slots,
+    /// While growing: the smaller groups, emptied a few at a time into `cur`.
+    migration: Option<Migration>,
+    /// Ids (with their hashes) that neither of their groups could take.
+    stash: Vec<(u64, u32)>,
+    items: usize,
+    /// Items the table is expected to hold when full ([`IdTable::expect`]).
+    expected: usize,
+    /// Picks which of a full group's ids an insert moves, so that moves do not cycle.
+    moves: usize,
+}
+
+impl IdTable {
+    /// Ids in the table.
+    pub(crate) fn len(&self) -> usize {
+        self.items
+    }
+
+    #[cfg(test)]
+    fn groups(&self) -> usize {
+        self.cur.groups()
+    }
+
+    /// Items the table takes before it must grow.
+    #[cfg(test)]
+    fn capacity(&self) -> usize {
+        self.cur.capacity()
+    }
+
+    /// Heap bytes: a control byte and an id per slot (of both sets while growing), and the
+    /// stash.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.cur.heap_bytes()
+            + self.migration.as_ref().map_or(0, |m| m.old.heap_bytes())
+            + self.stash.capacity() * std::mem::size_of::<(u64, u32)>()
+    }
+
+    /// Where the id with this hash that `eq` accepts is.
+    #[inline(always)]
+    fn locate(&self, hash: u64, eq: &mut impl FnMut(u32) -> bool) -> Option<Found> {
+        if let Some(slot) = self.cur.slot_of(hash, eq) {
+            return Some(Found::Cur(slot));
+        }
+        if let Some(slot) = self.migration.as_ref().and_then(|m| m.old.slot_of(hash, eq)) {
+            return Some(Found::Old(slot));
+        }
+        self.stash.iter().position(|&(h, id)| h == hash && eq(id)).map(Found::Stash)
+    }
+
+    /// The id with this hash that `eq` accepts.
+    #[inline]
+    pub(crate) fn find(&self, hash: u64, mut eq: impl FnMut(u32) -> bool) -> Option<u32> {
+        Some(match self.locate(hash, &mut eq)? {
+            Found::Cur(slot) => self.cur.ids[slot],
+            Found::Old(slot) => self.migration.as_ref().expect("found there").old.ids[slot],
+            Found::Stash(i) => self.stash[i].1,
+        })
+    }
+
+    /// The id with this hash that `eq` accepts, to replace it in place.
+    pub(crate) fn find_mut(
+        &mut self,
+        hash: u64,
+        mut eq: impl FnMut(u32) -> bool,
+    ) -> Option<&mut u32> {
+        Some(match self.locate(hash, &mut eq)? {
+            Found::Cur(slot) => &mut self.cur.ids[slot],
+            Found::Old(slot) => &mut self.migration.as_mut().expect("found there").old.ids[slot],
+            Found::Stash(i) => &mut self.stash[i].1,
+        })
+    }
+
+    /// Takes out the id with this hash that `eq` accepts.
+    pub(crate) fn remove(&mut self, hash: u64, mut eq: impl FnMut(u32) -> bool) -> Option<u32> {
+        let id = match self.locate(hash, &mut eq)? {
+            Found::Cur(slot) => {
+                self.cur.set_ctrl(slot, EMPTY);
+                self.cur.ids[slot]
+            }
+            Found::Old(slot) => {
+                let old = &mut self.migration.as_mut().expect("found there").old;
+                old.set_ctrl(slot, EMPTY);
+                old.ids[slot]
+            }
+            Found::Stash(i) => self.stash.swap_remove(i).1,
+        };
+        self.items -= 1;
+        Some(id)
+    }
+
+    /// Adds `id`, whose hash is `hash` and which is not in the table yet. `hasher` gives
+    /// the hash of any id already in, to move it or to grow the table.
+    pub(crate) fn insert_unique(&mut self, hash: u64, id: u32, hasher: impl Fn(u32) -> u64) {
+        if self.items >= self.cur.capacity() {
+            self.grow(&hasher);
+        }
+        // Most inserts find room in the first group; the rest goes through `place`.
+        if !self.cur.try_put(self.cur.first_home(hash), hash, id) {
+            let mut carried = (hash, id);
+            while let Some(left) = self.cur.place(carried.0, carried.1, &mut self.moves, &hasher) {
+                if self.items * 2 < self.cur.capacity() {
+                    // A mostly empty table that cannot place an id: its hash collides with
+                    // a full two groups' worth of others. Growing would not help.
+                    self.stash.push(left);
+                    break;
+                }
+                carried = left;
+                self.grow(&hasher);
+            }
+        }
+        self.items += 1;
+        if let Some(m) = &self.migration {
+            let per_insert = m.per_insert;
+            self.migrate(per_insert, &hasher);
+        }
+    }
+
+    /// Starts moving to larger groups (after finishing any move under way).
+    fn grow(&mut self, hasher: &impl Fn(u32) -> u64) {
+        self.migrate(usize::MAX, hasher);
+        let groups = groups_for(self.next_capacity());
+        let old = std::mem::replace(&mut self.cur, Slots::new(groups));
+        if old.groups() > 0 {
+            // Room for this many more inserts before the new groups are full: move the
+            // old ones well within it.
+            let room = self.cur.capacity().saturating_sub(self.items).max(1);
+            let per_insert = (2 * old.groups()).div_ceil(room).max(MIGRATE_GROUPS);
+            self.migration = Some(Migration { old, next: 0, per_insert });
+        }
+    }
+
+    /// Moves up to `groups` old groups' ids into the current ones.
+    #[inline(never)]
+    fn migrate(&mut self, groups: usize, hasher: &impl Fn(u32) -> u64) {
+        let Some(m) = self.migration.as_mut() else { return };
+        let end = m.next.saturating_add(groups).min(m.old.groups());
+        let moving: Vec<u32> =
+            (m.next..end).flat_map(|g| m.old.full_in(g).map(|(_, id)| id)).collect();
+        (m.next..end).for_each(|g| m.old.ctrl[g] = 0);
+        m.next = end;
+        if end == m.old.groups() {
+            self.migration = None;
+        }
+        for id in moving {
+            let hash = hasher(id);
+            if let Some(left) = self.cur.place(hash, id, &mut self.moves, hasher) {
+                // The new groups are larger than the old ones held: only ids whose hashes
+                // collide beyond two groups land here.
+                self.stash.push(left);
+            }
+        }
+    }
+
+    /// How many items the table should take after its next growth. Below the expected
     /// size (or with none) it doubles, cheap amortized, but never past the expected size:
     /// the doubling that reaches it lands on it exactly. Past it, it grows by a quarter,
     /// for the overflow is expected to be small.
     fn next_capacity(&self) -> usize {
-        let capacity = self.capacity();
-        let doubled = (capacity * 2).max(MIN_GROUPS * GROUP);
+        let capacity = self.cur.capacity();
         if capacity < self.expected {
-            doubled.min(self.expected)
+            // The smallest of expected, expected / 2, expected / 4, … above the capacity
+            // (and at least two groups' worth): the doublings end on it exactly.
+            let mut next = self.expected;
+            while next / 2 > capacity && next / 2 >= MIN_GROUPS * GROUP {
+                next /= 2;
+            }
+            next
         } else if self.expected == 0 {
-            doubled
+            (capacity * 2).max(MIN_GROUPS * GROUP)
         } else {
             capacity + capacity / 4 + GROUP
         }
@@ -295,45 +413,39 @@ impl IdTable {
         self.expected = items;
     }
 
-    fn rebuild(&mut self, groups: usize, hasher: &impl Fn(u32) -> u64) {
-        let old_ctrl = std::mem::replace(&mut self.ctrl, vec![0; groups].into());
-        let old_ids = std::mem::replace(&mut self.ids, vec![0; groups * GROUP].into());
-        let old_stash = std::mem::take(&mut self.stash);
-        let full = |s: usize| (old_ctrl[s / GROUP] >> ((s % GROUP) * 8)) as u8 & FULL != 0;
-        let old = (0..old_ids.len())
-            .filter(|&s| full(s))
-            .map(|s| (hasher(old_ids[s]), old_ids[s]))
-            .chain(old_stash);
-        for (hash, id) in old {
-            if let Some(left) = self.place(hash, id, hasher) {
-                // Ids that did not fit before are the ones that may not fit now.
-                self.stash.push(left);
-            }
-        }
-    }
-
     /// Every id in the table.
     pub(crate) fn iter(&self) -> impl Iterator<Item = u32> + '_ {
-        (0..self.ids.len())
-            .filter(|&s| self.ctrl_of(s) & FULL != 0)
-            .map(|s| self.ids[s])
-            .chain(self.stash.iter().map(|&(_, id)| id))
+        let old = self.migration.iter().flat_map(|m| m.old.full().map(|(_, id)| id));
+        self.cur.full().map(|(_, id)| id).chain(old).chain(self.stash.iter().map(|&(_, id)| id))
     }
 
     /// Panics unless the count agrees with the control bytes and every id sits in one of
     /// its two groups (or the stash) under its hash's tag.
     pub(crate) fn validate(&self, hasher: impl Fn(u32) -> u64) {
-        assert_eq!(self.ctrl.len() * GROUP, self.ids.len(), "control and id arrays differ");
         assert_eq!(self.iter().count(), self.items, "id table count drifted");
-        for slot in (0..self.ids.len()).filter(|&s| self.ctrl_of(s) & FULL != 0) {
-            let (id, hash) = (self.ids[slot], hasher(self.ids[slot]));
-            assert_eq!(self.ctrl_of(slot), tag(hash), "id {id} has a stale tag");
-            assert!(self.homes(hash).contains(&(slot / GROUP)), "id {id} outside its groups");
+        let sets = std::iter::once(&self.cur).chain(self.migration.iter().map(|m| &m.old));
+        for slots in sets {
+            assert_eq!(slots.ctrl.len() * GROUP, slots.ids.len(), "control and id arrays differ");
+            for (slot, id) in slots.full() {
+                let hash = hasher(id);
+                assert_eq!(slots.ctrl_of(slot), tag(hash), "id {id} has a stale tag");
+                assert!(slots.homes(hash).contains(&(slot / GROUP)), "id {id} outside its groups");
+            }
+        }
+        if let Some(m) = &self.migration {
+            assert!((0..m.next).all(|g| m.old.ctrl[g] == 0), "a moved old group is not empty");
         }
         for &(hash, id) in &self.stash {
             assert_eq!(hash, hasher(id), "stashed id {id} has a stale hash");
         }
     }
+}
+
+/// Where [`IdTable::locate`] found an id.
+enum Found {
+    Cur(usize),
+    Old(usize),
+    Stash(usize),
 }
 
 #[cfg(test)]
@@ -408,6 +520,34 @@ mod tests {
         assert!(t.stash.is_empty(), "{} ids stashed", t.stash.len());
         assert!(1000.0 / (groups * GROUP) as f64 > 0.86);
         t.validate(h);
+    }
+
+    #[test]
+    fn growing_moves_a_few_groups_per_insert_and_loses_nothing() {
+        // No insert pays for rehashing the whole table: each moves at most a few groups
+        // of the old one (and its own cuckoo moves), whatever the table's size.
+        let calls = std::cell::Cell::new(0usize);
+        let h = |id: u32| hash_of(id, false);
+        let counted = |id: u32| {
+            calls.set(calls.get() + 1);
+            h(id)
+        };
+        for expected in [0, 50_000] {
+            let mut t = IdTable::default();
+            t.expect(expected);
+            let mut worst = 0;
+            for id in 0..60_000u32 {
+                calls.set(0);
+                t.insert_unique(h(id), id, counted);
+                worst = worst.max(calls.get());
+                if id % 997 == 0 {
+                    assert!((0..=id).step_by(13).all(|x| t.find(h(x), |y| y == x) == Some(x)));
+                }
+            }
+            assert!(worst <= 2 * MIGRATE_GROUPS * GROUP + MAX_MOVES, "an insert rehashed {worst}");
+            assert_eq!(t.len(), 60_000);
+            t.validate(h);
+        }
     }
 
     #[test]
