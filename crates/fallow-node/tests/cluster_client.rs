@@ -262,7 +262,14 @@ async fn a_node_that_stops_answering_is_skipped_after_one_timeout() {
          the freeze {} µs; median {a50} µs (max {amax}) once the node is skipped",
         first.as_micros()
     );
-    assert!(a50 <= b50 + 2000, "added wait {} µs after detection", a50 as i128 - b50 as i128);
+    // Skipped means no get waits for the frozen node again: each would take a whole timeout
+    // (250 ms). Comparing with the medians before (a few ms) would be timing, not behaviour:
+    // on a loaded 2-CPU machine they moved by 5 ms with the node skipped all along.
+    assert!(
+        amax < timeout.as_micros(),
+        "a get after detection took {amax} µs (median {a50} µs, {b50} µs before): it waited \
+         for the frozen node"
+    );
     assert!(cluster.nodes().iter().any(|x| x.state == NodeState::Down));
 
     // Thawed, it answers the refresh's ping and is used again.
