@@ -5,9 +5,7 @@
 
 use fallow_core::DedupScope;
 
-pub use fallow_core::content::{
-    checksum, content_hash, fill_word, hash_key, hash_tag, tag_key, write_fill,
-};
+pub use fallow_core::content::{checksum, content_hash, fill_word, hash_tag, tag_key, write_fill};
 
 /// Everything the store needs to know about a page to be put, computed without a lock.
 #[derive(Debug, Clone, Copy)]

@@ -127,7 +127,7 @@ impl Engine {
             .into_iter()
             .map(|policy| {
                 let mut shard = Shard::new(policy);
-                shard.reserve(per_shard);
+                shard.expect(per_shard);
                 Mutex::new(shard)
             })
             .collect();

@@ -104,7 +104,7 @@ pub struct Shard {
     objects: Objects,
     fills: Fills,
     policy: Box<dyn Eviction>,
-    /// Slots to expect when the shard is full ([`Shard::reserve`]).
+    /// Slots to expect when the shard is full ([`Shard::expect`]).
     expected: usize,
 }
 
@@ -152,12 +152,12 @@ impl Shard {
     /// this lock while gets wait, to save 5 bytes per page of the peak.
     pub fn set_capacity(&mut self, pages: usize) {
         self.policy.set_capacity(pages);
-        self.reserve(pages);
+        self.expect(pages);
     }
 
     /// Tells the index and the slot array how many pages a full shard holds (see
     /// [`Shard::set_capacity`]); the policy is left as it is.
-    pub fn reserve(&mut self, pages: usize) {
+    pub fn expect(&mut self, pages: usize) {
         self.expected = crate::dense::with_headroom(pages);
         self.index.expect(self.expected);
         self.objects.expect(self.expected);

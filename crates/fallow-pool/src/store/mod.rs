@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use fallow_core::PAGE_SIZE;
 
 use crate::arena::{Arena, ArenaFull, FrameId, FRAMES_PER_SEGMENT};
-use crate::content::{content_hash, hash_key, hash_tag, tag_key, Digest};
+use crate::content::{content_hash, hash_tag, tag_key, Digest};
 use fallow_core::DedupScope;
 
 mod shrink;
@@ -202,10 +202,11 @@ impl Store {
         digest: Digest,
         opts: InternOptions,
     ) -> Result<ContentId, ArenaFull> {
-        let key = digest.hash.map(hash_key);
-        let tag = digest.hash.map(hash_tag).unwrap_or(0);
+        let tag = digest.hash.map(hash_tag);
+        let key = tag.map(tag_key);
         let contents = &self.contents;
-        let found = key.and_then(|k| self.dedup.find(k, |id| contents[id as usize].tag == tag));
+        let found =
+            key.and_then(|k| self.dedup.find(k, |id| Some(contents[id as usize].tag) == tag));
         if let Some(id) = found {
             if self.contents[id as usize].refs < MAX_REFS && self.same_bytes(id, page) {
                 self.contents[id as usize].refs += 1;
@@ -229,7 +230,7 @@ impl Store {
             flags,
             accessed: AtomicBool::new(opts.compressible),
         };
-        if key.is_some() {
+        if let Some(tag) = tag {
             content.tag = tag;
             content.flags |= HASHED;
         }
@@ -277,7 +278,8 @@ impl Store {
         scope: DedupScope,
         opts: InternOptions,
     ) -> Option<ContentId> {
-        let (key, tag) = (hash_key(hash), hash_tag(hash));
+        let tag = hash_tag(hash);
+        let key = tag_key(tag);
         let contents = &self.contents;
         let id = self.dedup.find(key, |id| contents[id as usize].tag == tag)?;
         let c = &self.contents[id as usize];
