@@ -26,7 +26,7 @@ use crate::compress::Compressor;
 use crate::config::{EngineConfig, MAX_BUDGET_BYTES};
 use crate::content::{checksum, fill_word, write_fill, Digest};
 use crate::eviction;
-use crate::pools::{self, Counter, PoolCounters, PoolSnapshot, PoolState, PoolTable};
+use crate::pools::{self, Counter, PoolCounters, PoolMap, PoolSnapshot, PoolState, PoolTable};
 use crate::shard::{key_hash, Shard, Slot, Value};
 use crate::stats::{BudgetReport, EngineStats, MemoryUsage, PoolStats};
 use crate::store::{InternOptions, Read, ShrinkReport, Store};
@@ -87,7 +87,8 @@ enum Source<'a> {
 struct Prepared<'a> {
     key: PageKey,
     source: Source<'a>,
-    pool: Arc<PoolState>,
+    /// Borrowed from the pool snapshot the caller loaded for the whole put.
+    pool: &'a PoolState,
     fill: Option<u64>,
     digest: Digest,
     hash: u64,
@@ -95,7 +96,7 @@ struct Prepared<'a> {
 }
 
 impl<'a> Prepared<'a> {
-    fn new(key: PageKey, page: &'a [u8], pool: Arc<PoolState>, inner: &Inner) -> Self {
+    fn new(key: PageKey, page: &'a [u8], pool: &'a PoolState, inner: &Inner) -> Self {
         let fill = fill_word(page);
         let digest = Digest::of_unless_fill(page, fill, pool.spec.dedup);
         let hash = key_hash(&key);
@@ -103,7 +104,7 @@ impl<'a> Prepared<'a> {
         Self { key, source, fill, digest, hash, shard: inner.shard_of(hash), pool }
     }
 
-    fn by_hash(key: PageKey, content: u128, crc: u32, pool: Arc<PoolState>, inner: &Inner) -> Self {
+    fn by_hash(key: PageKey, content: u128, crc: u32, pool: &'a PoolState, inner: &Inner) -> Self {
         let digest = Digest { hash: Some(content), crc };
         let hash = key_hash(&key);
         let source = Source::Held;
@@ -280,8 +281,9 @@ impl Engine {
 }
 
 impl Inner {
-    /// The pool `id`, shared: for operations that keep it (a put's job). Operations that
-    /// only borrow it for their duration use `pool_snapshot` directly.
+    /// The pool `id`, shared: for the long operations (invalidating an object or a pool
+    /// walks every shard), which should not pin a snapshot meanwhile. The others borrow
+    /// their pool from a `pool_snapshot` guard for their few microseconds.
     fn pool(&self, id: PoolId) -> Result<Arc<PoolState>, StoreError> {
         let pools = self.pool_snapshot.load();
         pools.get(&id).cloned().ok_or(StoreError::UnknownPool(id))
@@ -338,7 +340,8 @@ impl Inner {
 
     fn put(&self, key: PageKey, page: &[u8]) -> Result<PutOutcome, StoreError> {
         check_page(page.len())?;
-        let job = Prepared::new(key, page, self.pool(key.pool)?, self);
+        let pools = self.pool_snapshot.load();
+        let job = Prepared::new(key, page, pools::find(&pools, key.pool)?, self);
         let mut shard = self.shards[job.shard].lock();
         Ok(page_outcome(self.put_one(&mut shard, &job)?))
     }
@@ -347,9 +350,11 @@ impl Inner {
     /// once for all of its keys (in batch order, so a key put twice keeps the last page).
     fn put_many(&self, keys: &[PageKey], pages: &[u8]) -> Result<Vec<PutOutcome>, StoreError> {
         check_batch(keys.len(), pages.len())?;
-        let jobs = self.prepare(keys, pages.chunks_exact(PAGE_SIZE), |key, page, pool| {
-            Prepared::new(key, page, pool, self)
-        })?;
+        let pools = self.pool_snapshot.load();
+        let jobs =
+            self.prepare(&pools, keys, pages.chunks_exact(PAGE_SIZE), |key, page, pool| {
+                Prepared::new(key, page, pool, self)
+            })?;
         Ok(self.put_jobs(&jobs)?.into_iter().map(page_outcome).collect())
     }
 
@@ -364,31 +369,24 @@ impl Inner {
         if keys.len() != contents.len() {
             return Err(StoreError::BadLength { got: contents.len(), expected: keys.len() });
         }
-        let jobs = self.prepare(keys, contents.iter(), |key, &(content, crc), pool| {
+        let pools = self.pool_snapshot.load();
+        let jobs = self.prepare(&pools, keys, contents.iter(), |key, &(content, crc), pool| {
             Prepared::by_hash(key, content, crc, pool, self)
         })?;
         self.put_jobs(&jobs)
     }
 
-    /// Prepares one job per key, looking each pool up once.
+    /// Prepares one job per key, its pool borrowed from `snapshot`.
     fn prepare<'a, T>(
         &self,
+        snapshot: &'a PoolMap,
         keys: &[PageKey],
         items: impl Iterator<Item = T>,
-        make: impl Fn(PageKey, T, Arc<PoolState>) -> Prepared<'a>,
+        make: impl Fn(PageKey, T, &'a PoolState) -> Prepared<'a>,
     ) -> Result<Vec<Prepared<'a>>, StoreError> {
-        let mut pools: Vec<(PoolId, Arc<PoolState>)> = Vec::new();
         let mut jobs = Vec::with_capacity(keys.len());
         for (key, item) in keys.iter().zip(items) {
-            let pool = match pools.iter().find(|(id, _)| *id == key.pool) {
-                Some((_, state)) => state.clone(),
-                None => {
-                    let state = self.pool(key.pool)?;
-                    pools.push((key.pool, state.clone()));
-                    state
-                }
-            };
-            jobs.push(make(*key, item, pool));
+            jobs.push(make(*key, item, pools::find(snapshot, key.pool)?));
         }
         Ok(jobs)
     }
@@ -445,7 +443,7 @@ impl Inner {
         shard: &mut MutexGuard<'_, Shard>,
         job: &Prepared<'_>,
     ) -> Result<Result<(), PutFail>, StoreError> {
-        let Prepared { key, source, ref pool, fill, digest, hash, .. } = *job;
+        let Prepared { key, source, pool, fill, digest, hash, .. } = *job;
         // Checked under the shard lock: a destroy marks the pool dead before it sweeps this
         // shard, so a put that gets here first is swept and one that comes later stops here.
         if !pool.alive.load(Ordering::Acquire) {
@@ -586,7 +584,8 @@ impl Inner {
     }
 
     fn invalidate_page(&self, key: PageKey) -> Result<(), StoreError> {
-        let pool = self.pool(key.pool)?;
+        let pools = self.pool_snapshot.load();
+        let pool = pools::find(&pools, key.pool)?;
         let hash = key_hash(&key);
         let mut shard = self.shards[self.shard_of(hash)].lock();
         if let Some((id, _)) = shard.lookup(&key, hash) {
