@@ -27,7 +27,9 @@
 //! The arena has no lock of its own: it lives inside the engine's store and is guarded by
 //! the store's lock (see `docs/concurrency.md`).
 
-use memmap2::MmapMut;
+use std::ptr::NonNull;
+
+use memmap2::{MmapMut, MmapRaw};
 
 use fallow_core::PAGE_SIZE;
 
@@ -82,7 +84,9 @@ const EXTENT_BYTES: usize = EXTENT_SEGMENTS * SEGMENT_BYTES;
 /// One anonymous mapping holding [`EXTENT_SEGMENTS`] adjacent 2 MiB-aligned segments.
 /// Dropping it unmaps them all.
 pub struct Extent {
-    map: MmapMut,
+    /// Raw, not `MmapMut`: frames are reached through pointers to their own 4 KiB
+    /// ([`Arena::frame_ptr`]), never through a slice of the whole mapping.
+    map: MmapRaw,
     /// Offset of the aligned window inside `map`.
     start: usize,
 }
@@ -91,7 +95,7 @@ impl Extent {
     fn new() -> std::io::Result<Self> {
         // One segment more than the window, so that a 2 MiB-aligned window always fits:
         // only the window is ever touched, so the rest costs address space, not memory.
-        let map = MmapMut::map_anon(EXTENT_BYTES + SEGMENT_BYTES)?;
+        let map = MmapRaw::from(MmapMut::map_anon(EXTENT_BYTES + SEGMENT_BYTES)?);
         let addr = map.as_ptr() as usize;
         let start = addr.next_multiple_of(SEGMENT_BYTES) - addr;
         // Best effort: without transparent huge pages the segments work the same, only
@@ -109,8 +113,10 @@ impl Extent {
     fn discard(&mut self, first: usize, count: usize) {
         let offset = self.offset(first, 0);
         let len = count * SEGMENT_BYTES;
-        // SAFETY: `&mut self` proves that no slice into the mapping is alive, and the
-        // range lies inside the window (the caller passes segments of this extent). The
+        // SAFETY: `&mut self` proves that no slice into the mapping is alive (the arena
+        // hands them out borrowing itself; a `HeldFrame` never names a frame of a released
+        // segment, see `docs/concurrency.md`), and the range lies inside the window (the
+        // caller passes segments of this extent). The
         // only effect of MADV_DONTNEED on a private anonymous mapping is that the range
         // reads as zeros afterwards; its frames are released and hold nothing anyone reads.
         let result = unsafe {
@@ -302,23 +308,35 @@ impl Arena {
         }
     }
 
+    /// The first byte of an allocated frame in a mapped segment. Every access to frame
+    /// bytes goes through a pointer to its own 4 KiB, never through a slice of the whole
+    /// mapping, so that a frame written under the store's write lock never overlaps a frame
+    /// another thread reads with no store lock (`store::HeldFrame`).
+    pub fn frame_ptr(&self, frame: FrameId) -> NonNull<u8> {
+        let extent = self.extent(frame);
+        let offset = extent.offset(frame.segment(), frame.slot());
+        assert!(offset + PAGE_SIZE <= extent.map.len(), "frame {frame:?} outside its mapping");
+        // SAFETY: the offset is inside the mapping (asserted above), so the result is in
+        // bounds of the same allocation and not null (the mapping's address is not).
+        unsafe { NonNull::new_unchecked(extent.map.as_mut_ptr().add(offset)) }
+    }
+
     /// The bytes of an allocated frame in a mapped segment.
     pub fn bytes(&self, frame: FrameId) -> &[u8] {
-        let extent = self.extent(frame);
-        &extent.map[extent.offset(frame.segment(), frame.slot())..][..PAGE_SIZE]
+        let ptr = self.frame_ptr(frame);
+        // SAFETY: `frame_ptr` points at PAGE_SIZE mapped bytes that stay mapped while the
+        // arena is borrowed (only `&mut self` unmaps or discards); they are written only
+        // through `bytes_mut`, which needs `&mut self`.
+        unsafe { std::slice::from_raw_parts(ptr.as_ptr(), PAGE_SIZE) }
     }
 
     /// The bytes of an allocated frame in a mapped segment, for writing.
     pub fn bytes_mut(&mut self, frame: FrameId) -> &mut [u8] {
-        let extent = match (
-            &self.segments[frame.segment()],
-            &mut self.extents[frame.segment() / EXTENT_SEGMENTS],
-        ) {
-            (Segment::Mapped { .. }, Some(extent)) => extent,
-            _ => panic!("frame {frame:?} is not in a mapped segment"),
-        };
-        let offset = extent.offset(frame.segment(), frame.slot());
-        &mut extent.map[offset..][..PAGE_SIZE]
+        let ptr = self.frame_ptr(frame);
+        // SAFETY: as in `bytes`; `&mut self` excludes every other borrow of the arena, and
+        // a reader holding a `HeldFrame` reads a different frame (the store never writes
+        // the frame of a content that an index entry names).
+        unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), PAGE_SIZE) }
     }
 
     /// Copies frame `from` into frame `to` (both allocated), for compaction.

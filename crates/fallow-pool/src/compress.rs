@@ -30,10 +30,10 @@ impl Compressor {
                     if *stopped {
                         break;
                     }
-                    // The store lock is taken without holding `stopped`'s mutex for long:
-                    // a pass of `batch` pages holds the store lock for ~batch × 5 µs.
+                    // The engine's locks are taken without holding `stopped`'s mutex: a
+                    // pass of `batch` pages holds every shard and the store for ~batch × 5 µs.
                     drop(stopped);
-                    let done = inner.store.write().compress_pass(batch);
+                    let done = inner.compress_pass(batch);
                     if done > 0 {
                         tracing::trace!(done, "compressed cold pages");
                     }

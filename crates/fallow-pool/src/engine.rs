@@ -2,13 +2,14 @@
 //!
 //! ```text
 //!  put(key, page) ─ fill? hash, crc (no lock) ─▶ shard[hash(key)] ─▶ store ─▶ arena frame
-//!  get(key)       ─────────────────────────────▶ shard[hash(key)] ─▶ store ─▶ copy + crc check
+//!  get(key)       ─────────────────────────────▶ shard[hash(key)] ─▶ store: where ─▶ copy + crc check
 //! ```
 //!
 //! # Locking
 //! Lock order: `shards[i]` (ascending `i` when several are held) → `store` (read or write)
 //! → `pools` (read, for validation). Operations find their pool in `pool_snapshot`, with
-//! no lock. None is held across a call back into user code. See `docs/concurrency.md`.
+//! no lock. A get copies its frame with only its shard held; whatever moves or drops page
+//! bytes that entries name holds every shard (`store::HeldFrame`). None is held across a call back into user code. See `docs/concurrency.md`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -29,7 +30,7 @@ use crate::eviction;
 use crate::pools::{self, Counter, PoolCounters, PoolMap, PoolSnapshot, PoolState, PoolTable};
 use crate::shard::{key_hash, Shard, Slot, Value};
 use crate::stats::{BudgetReport, EngineStats, MemoryUsage, PoolStats};
-use crate::store::{InternOptions, Read, ShrinkReport, Store};
+use crate::store::{InternOptions, Located, Read, ShrinkReport, Store};
 use crate::sweep::{SweepReport, SweepState};
 
 /// Segments released per store-lock hold when shrinking: one extent, so that a step
@@ -52,11 +53,13 @@ pub(crate) struct Inner {
     /// The live pools as of the last change of `pools`, published under its write lock.
     pub(crate) pool_snapshot: PoolSnapshot,
     /// Index shards, chosen by the high bits of the key hash. `parking_lot` mutexes: each is
-    /// held for one index operation and never across blocking work.
+    /// held for one index operation (with a get's copy of its page) and never across
+    /// blocking work; all of them by a shrink step and a compression pass.
     pub(crate) shards: Box<[Mutex<Shard>]>,
     /// Page bytes, checksums, dedup table. Taken after a shard lock: for reading by a get's
-    /// copy out of a frame (several at once), for writing by everything that changes the
-    /// store (a put's copy in, a release, a compression pass, a shrink step).
+    /// lookup of its frame (several at once; the copy comes after), for writing by
+    /// everything that changes the store (a put's copy in, a release, a compression pass, a
+    /// shrink step).
     pub(crate) store: RwLock<Store>,
     /// The most index entries one shard may hold.
     entries_per_shard: AtomicUsize,
@@ -184,10 +187,14 @@ impl Engine {
             store.shrink_plan()
         };
         loop {
+            // Every shard, then the store: a step moves and drops the bytes of pages that
+            // index entries name, which no get may be copying meanwhile (`HeldFrame`).
+            let shards = self.inner.lock_all_shards();
             let held = Instant::now();
             let (extents, more) =
                 self.inner.store.write().shrink_step(&mut plan, SHRINK_STEP_SEGMENTS, &mut shrink);
             longest_hold = longest_hold.max(held.elapsed());
+            drop(shards);
             // Unmapped here, with no lock held: freeing the pages is the kernel's slowest
             // part of giving memory back, and no reader has to wait for it.
             drop(extents);
@@ -231,7 +238,7 @@ impl Engine {
     /// Compresses up to `max` cold pages of pools with compression on, now. Returns how
     /// many were compressed. The background thread calls this periodically.
     pub fn compress_cold(&self, max: usize) -> usize {
-        self.inner.store.write().compress_pass(max)
+        self.inner.compress_pass(max)
     }
 
     /// Stores pages by content hash instead of bytes (dedup across nodes: a client that
@@ -293,6 +300,20 @@ impl Inner {
         // The shard count is a power of two; the high bits are independent of the low bits
         // some policies use for their own tables.
         (hash >> 48) as usize & (self.shards.len() - 1)
+    }
+
+    /// Every shard's lock, in ascending order. Taken, before the store's write lock, by
+    /// the steps that move or drop the bytes of contents that index entries still name (a
+    /// shrink step, a compression pass): a get copies a frame with only its shard held
+    /// (`HeldFrame`), so holding every shard is what keeps those bytes still under it.
+    pub(crate) fn lock_all_shards(&self) -> Vec<MutexGuard<'_, Shard>> {
+        self.shards.iter().map(|s| s.lock()).collect()
+    }
+
+    /// One compression pass of at most `max` cold pages (it replaces their frames).
+    pub(crate) fn compress_pass(&self, max: usize) -> usize {
+        let _shards = self.lock_all_shards();
+        self.store.write().compress_pass(max)
     }
 
     /// Forgets a removed slot's page: drops its content reference and its pool's count.
@@ -553,9 +574,20 @@ impl Inner {
         match slot.value {
             Value::Fill(word) => write_fill(word, out),
             Value::Content(content) => {
-                let copied = self.store.read().copy_out(content, out);
-                // The checksum is checked without the store lock; our index entry keeps the
-                // content alive meanwhile, and a mismatch is judged again under the lock.
+                let located = self.store.read().locate(content, out);
+                let copied = match located {
+                    Located::Frame(frame, crc) => {
+                        // SAFETY: we hold this shard's lock, and `slot`, an entry of this
+                        // shard, names the content; see `HeldFrame`.
+                        unsafe { frame.copy_into(out) };
+                        Some(crc)
+                    }
+                    Located::Copied(crc) => Some(crc),
+                    Located::Dead => None,
+                };
+                // The copy and its checksum need no store lock: our index entry keeps the
+                // content and its frame in place meanwhile, and a mismatch is judged again
+                // under the lock.
                 let found = match copied {
                     Some(crc) if checksum(out) == crc => Read::Ok,
                     Some(_) => self.store.write().read(content, out),
@@ -807,6 +839,41 @@ mod tests {
         let stats = e.pool_stats(pool).unwrap();
         assert_eq!((stats.corruptions, stats.pages), (1, 0));
         assert_eq!(e.stats().corruptions, 1);
+        e.validate();
+    }
+
+    /// A corrupt content that other keys share keeps its frame until the last of them lets
+    /// go (a get on another shard may be copying it with no store lock), leaves the dedup
+    /// table at once (no new page joins it), and is a miss, counted, through every key.
+    #[test]
+    fn a_corrupt_shared_frame_is_freed_by_its_last_reader_and_shared_no_more() {
+        let e = Engine::new(EngineBuilder::new(1 << 20).compress_interval(None).build().unwrap());
+        let pool = e.create_pool(&PoolSpec::persistent()).unwrap();
+        let page: Vec<u8> = (0..PAGE_SIZE).map(|i| (i * 7) as u8).collect();
+        let keys = [PageKey::new(pool, 1, 1), PageKey::new(pool, 2, 9)];
+        for key in keys {
+            assert_eq!(e.put(key, &page).unwrap(), PutOutcome::Stored);
+        }
+        assert_eq!(e.memory().frames_used, 1, "the two keys share one frame");
+        let inner = e.inner();
+        let hash = key_hash(&keys[0]);
+        let (_, slot) = inner.shards[inner.shard_of(hash)].lock().lookup(&keys[0], hash).unwrap();
+        let Value::Content(id) = slot.value else { panic!("not a content page") };
+        inner.store.write().corrupt(id);
+        let mut out = vec![0u8; PAGE_SIZE];
+        assert_eq!(e.get(keys[0], &mut out).unwrap(), Lookup::Miss);
+        assert_eq!(e.memory().frames_used, 1, "the other key still names the frame");
+        e.validate();
+        // The same bytes put again get a frame of their own, not the corrupt one.
+        let third = PageKey::new(pool, 3, 0);
+        assert_eq!(e.put(third, &page).unwrap(), PutOutcome::Stored);
+        assert_eq!(e.memory().frames_used, 2);
+        assert_eq!(e.get(keys[1], &mut out).unwrap(), Lookup::Miss);
+        assert_eq!(e.memory().frames_used, 1, "the last reader freed the corrupt frame");
+        assert_eq!(e.get(third, &mut out).unwrap(), Lookup::Hit);
+        assert_eq!(out, page);
+        let stats = e.pool_stats(pool).unwrap();
+        assert_eq!((stats.corruptions, stats.pages), (2, 1));
         e.validate();
     }
 

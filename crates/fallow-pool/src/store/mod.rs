@@ -11,17 +11,20 @@
 //!  dedup: hash(domain, bytes) ──▶ ContentId    owner[f] = ContentId (for compaction)
 //! ```
 //!
-//! A content loses its bytes when its checksum fails (it becomes `Dead`) or when the budget
-//! shrinks and its segment is returned to the OS (it still names a frame, but the frame's
-//! segment is no longer mapped). Either way every get through it misses, and its slot is
-//! reused once the last entry lets go.
+//! A content loses its bytes when its checksum fails (it leaves the dedup table at once, and
+//! becomes `Dead` when no other entry names it) or when the budget shrinks and its segment
+//! is returned to the OS (it still names a frame, but the frame's segment is no longer
+//! mapped). Either way every get through it misses, and its slot is reused once the last
+//! entry lets go.
 //!
 //! # Locking
 //! A `Store` is guarded by the engine's store `RwLock`, taken after a shard mutex
-//! (`docs/concurrency.md`). [`Store::copy_out`] runs under the read lock, several at once;
-//! every `&mut self` method runs under the write lock.
+//! (`docs/concurrency.md`). [`Store::locate`] runs under the read lock, several at once,
+//! and the frame it finds is copied after the lock is released ([`HeldFrame`]); every
+//! `&mut self` method runs under the write lock.
 
 use std::collections::HashMap;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use fallow_core::PAGE_SIZE;
@@ -131,6 +134,48 @@ pub enum Read {
     Dead,
     /// The checksum did not match: the content is now dead, and the read is a miss.
     Corrupt,
+}
+
+/// Where a get finds a content's bytes ([`Store::locate`]), with the checksum they must
+/// have.
+pub enum Located {
+    /// In a frame, to be copied after the store lock is released.
+    Frame(HeldFrame, u32),
+    /// Already in the caller's buffer (a compressed content, decompressed under the lock).
+    Copied(u32),
+    /// The bytes are gone.
+    Dead,
+}
+
+/// A content's frame, found under the store's read lock and copied out after it is
+/// released, so that a get holds the store lock for a lookup instead of a 4 KiB copy
+/// from memory that is rarely in cache.
+///
+/// Sound because of how a frame's bytes may change: they are written once, before any
+/// index entry names the content ([`Store::intern`]); freed or reused only when the
+/// content's last reference goes, which needs the shard lock of the last entry naming it;
+/// and moved, compressed away or unmapped only by a shrink step or a compression pass,
+/// which hold every shard lock besides the store's. A get holds its shard lock, with an
+/// entry naming the content, from [`Store::locate`] until the copy ends. `docs/concurrency.md`,
+/// "Why a get never sees a torn or moved page".
+pub struct HeldFrame {
+    ptr: NonNull<u8>,
+}
+
+impl HeldFrame {
+    /// Copies the frame's 4 KiB into `out`.
+    ///
+    /// # Safety
+    /// From the [`Store::locate`] that returned this frame until this call returns, the
+    /// caller holds the lock of a shard with an index entry naming the content (or borrows
+    /// the store), so that nothing can free, move or unmap the frame meanwhile.
+    pub unsafe fn copy_into(&self, out: &mut [u8]) {
+        assert_eq!(out.len(), PAGE_SIZE, "a page buffer");
+        // SAFETY: the frame is PAGE_SIZE mapped bytes (`Arena::frame_ptr`) that nobody
+        // writes or unmaps until we return (the caller's contract); `out` is a distinct
+        // buffer of the same length that we borrow mutably.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr(), out.as_mut_ptr(), PAGE_SIZE) }
+    }
 }
 
 /// Page bytes, their checksums and the dedup table.
@@ -402,18 +447,24 @@ impl Store {
         }
     }
 
+    /// Takes a content out of the dedup table: no new page will share it.
+    fn unhash(&mut self, id: ContentId) {
+        let c = &mut self.contents[id as usize];
+        if c.flags & HASHED != 0 {
+            c.flags &= !HASHED;
+            self.dedup.remove(c.key(), |i| i == id);
+        }
+    }
+
     /// Frees a content's bytes and takes it out of the dedup table; its slot stays until
     /// the last reference goes.
     fn drop_bytes(&mut self, id: ContentId) {
         if self.is_live(id) {
             self.stale_entries += usize::from(self.contents[id as usize].refs);
         }
+        self.unhash(id);
         let c = &mut self.contents[id as usize];
         let place = std::mem::replace(&mut c.place, PackedPlace::new(Place::Dead)).get();
-        if c.flags & HASHED != 0 {
-            c.flags &= !HASHED;
-            self.dedup.remove(c.key(), |i| i == id);
-        }
         match place {
             Place::Frame(f) => {
                 self.move_pin(id, Some(f), None);
@@ -431,39 +482,64 @@ impl Store {
         }
     }
 
-    /// Copies a content's bytes into `out` and returns the checksum they must have; the
-    /// caller checks it after releasing the store lock (the check costs as much as the
-    /// copy), and calls [`Store::read`] on a mismatch. `None`: the bytes are gone.
-    ///
-    /// Takes `&self`: several readers copy at once under the store's read lock.
-    pub fn copy_out(&self, id: ContentId, out: &mut [u8]) -> Option<u32> {
+    /// Where a get finds a content's bytes, looked up under the store's read lock and
+    /// copied after it is released (see [`HeldFrame`]); a compressed content is
+    /// decompressed into `out` here, under the lock. The checksum comes back with it, for
+    /// the caller to check on its copy; on a mismatch it calls [`Store::read`].
+    pub fn locate(&self, id: ContentId, out: &mut [u8]) -> Located {
         let c = &self.contents[id as usize];
-        match c.place.get() {
-            Place::Frame(f) if self.arena.is_live(f) => out.copy_from_slice(self.arena.bytes(f)),
-            Place::Frame(_) | Place::Dead => return None,
+        let located = match c.place.get() {
+            Place::Frame(f) if self.arena.is_live(f) => {
+                Located::Frame(HeldFrame { ptr: self.arena.frame_ptr(f) }, c.crc)
+            }
+            Place::Frame(_) | Place::Dead => return Located::Dead,
             // A corrupt blob fails the caller's checksum check like a corrupt frame.
             Place::Compressed => {
                 let _ = self.decompress(id, out);
+                Located::Copied(c.crc)
             }
-        }
+        };
         // Only the compressor reads the bit: set it for compressible pages, and only when it
         // is clear, so that reading a hot page does not write to its content's cache line.
         if c.flags & COMPRESSIBLE != 0 && !c.accessed.load(Ordering::Relaxed) {
             c.accessed.store(true, Ordering::Relaxed);
         }
-        Some(c.crc)
+        located
     }
 
-    /// Copies a content's bytes into `out` and checks them, all under the lock. A content
-    /// that fails its checksum is dropped.
+    /// Copies a content's bytes into `out` under the lock and returns the checksum they
+    /// must have. `None`: the bytes are gone.
+    fn copy_out(&self, id: ContentId, out: &mut [u8]) -> Option<u32> {
+        match self.locate(id, out) {
+            Located::Frame(frame, crc) => {
+                // SAFETY: the caller borrows the store, so nothing can free, move or unmap
+                // the frame during the copy.
+                unsafe { frame.copy_into(out) };
+                Some(crc)
+            }
+            Located::Copied(crc) => Some(crc),
+            Located::Dead => None,
+        }
+    }
+
+    /// Copies a content's bytes into `out` and checks them, all under the lock: for a get
+    /// whose own copy failed its checksum. A corrupt content is taken out of the dedup
+    /// table at once, so no new page shares it; its bytes are dropped when no other index
+    /// entry names it. Until then each entry that reads it finds the mismatch itself: an
+    /// entry in another shard may be copying those bytes right now, with no store lock
+    /// (see [`HeldFrame`]), so the frame must not be freed under it.
     pub fn read(&mut self, id: ContentId, out: &mut [u8]) -> Read {
         let Some(crc) = self.copy_out(id, out) else { return Read::Dead };
         if crate::content::checksum(out) == crc {
             return Read::Ok;
         }
         self.corruptions += 1;
-        tracing::warn!(content = id, "page failed its checksum; dropped and reported as a miss");
-        self.drop_bytes(id);
+        tracing::warn!(content = id, "page failed its checksum; reported as a miss");
+        if self.contents[id as usize].refs == 1 {
+            self.drop_bytes(id);
+        } else {
+            self.unhash(id);
+        }
         Read::Corrupt
     }
 
