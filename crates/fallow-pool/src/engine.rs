@@ -30,7 +30,7 @@ use crate::eviction;
 use crate::pools::{self, Counter, PoolCounters, PoolMap, PoolSnapshot, PoolState, PoolTable};
 use crate::shard::{key_hash, Shard, Slot, Value};
 use crate::stats::{BudgetReport, EngineStats, MemoryUsage, PoolStats};
-use crate::store::{InternOptions, Located, Read, ShrinkReport, Store};
+use crate::store::{InternOptions, Interned, Located, Read, ShrinkReport, Store};
 use crate::sweep::{SweepReport, SweepState};
 
 /// Segments released per store-lock hold when shrinking: one extent, so that a step
@@ -500,13 +500,19 @@ impl Inner {
             }
             return Ok(Err(PutFail::Refused(why)));
         }
+        let mut new = None;
         let value = match (fill, source, held) {
             (Some(word), _, _) => Value::Fill(word),
             (None, Source::Held, Some(id)) => Value::Content(id),
             (None, Source::Held, None) => unreachable!("a put by hash without its content"),
             (None, Source::Page(page), _) => loop {
                 match store.intern(page, digest, opts) {
-                    Ok(id) => break Value::Content(id),
+                    Ok(Interned::Shared(id)) => break Value::Content(id),
+                    Ok(Interned::New(content)) => {
+                        let id = content.id();
+                        new = Some((content, page));
+                        break Value::Content(id);
+                    }
                     Err(ArenaFull::AtLimit) => {
                         if !self.evict_one(shard, &mut store) {
                             return Ok(Err(PutFail::NeedReclaim));
@@ -516,7 +522,18 @@ impl Inner {
                 }
             },
         };
+        // A new content's bytes are copied with the store let go, so that gets (and puts
+        // that share) go on meanwhile; then it joins the dedup table.
+        drop(store);
+        if let Some((content, page)) = &new {
+            // SAFETY: we hold this shard's lock from `intern` until `publish`, and the
+            // content is not published yet; see `NewContent::fill`.
+            unsafe { content.fill(page) };
+        }
         shard.insert(Slot { key, value, persistent }, hash);
+        if let Some((content, _)) = new.filter(|(content, _)| content.shareable()) {
+            self.store.write().publish(content);
+        }
         pool.counters.bump(Counter::Pages);
         if fill.is_some() {
             pool.counters.bump(Counter::FillPages);

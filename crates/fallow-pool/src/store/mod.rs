@@ -178,6 +178,79 @@ impl HeldFrame {
     }
 }
 
+/// What [`Store::intern`] did.
+pub enum Interned {
+    /// An identical page is stored: this content has one more reference.
+    Shared(ContentId),
+    /// A new content, whose frame the caller fills and then publishes.
+    New(NewContent),
+}
+
+/// A content just made by [`Store::intern`], whose frame does not hold its bytes yet.
+/// Nothing else can reach it: no index entry names it, it is not in the dedup table, and
+/// whatever moves frames holds every shard lock, including the putter's.
+#[must_use = "a new content must be filled and published"]
+pub struct NewContent {
+    id: ContentId,
+    frame: HeldFrame,
+    hashed: bool,
+}
+
+impl NewContent {
+    /// The content's id, for the index entry.
+    pub fn id(&self) -> ContentId {
+        self.id
+    }
+
+    /// True when the content may be shared (its pool dedups), so [`Store::publish`] has
+    /// something to do.
+    pub fn shareable(&self) -> bool {
+        self.hashed
+    }
+
+    /// Copies the page into the content's frame.
+    ///
+    /// # Safety
+    /// From [`Store::intern`] until this call returns, the caller holds the lock of the
+    /// shard whose entry will name the content (or borrows the store), so that no shrink
+    /// or compression moves the frame, and it has not published the content.
+    pub unsafe fn fill(&self, page: &[u8]) {
+        assert_eq!(page.len(), PAGE_SIZE, "a page");
+        // SAFETY: the frame is PAGE_SIZE mapped bytes that nobody else reads, writes or
+        // unmaps (the caller's contract and the paragraph above), 4 KiB-aligned; `page` is
+        // another buffer of PAGE_SIZE bytes.
+        unsafe { stream_page(page.as_ptr(), self.frame.ptr.as_ptr()) }
+    }
+}
+
+/// Copies a page into a frame with non-temporal stores: a cache's new page is rarely read
+/// soon, so writing around the caches spares reading the frame's old lines in (the frame
+/// was last used long ago) and keeps hot lines of other pages cached.
+///
+/// # Safety
+/// `src` is PAGE_SIZE readable bytes, `dst` PAGE_SIZE writable, 16-byte-aligned bytes,
+/// and they do not overlap.
+#[cfg(target_arch = "x86_64")]
+unsafe fn stream_page(src: *const u8, dst: *mut u8) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+    // SSE2 is part of x86_64, so these need no run-time check.
+    let (src, dst) = (src.cast::<__m128i>(), dst.cast::<__m128i>());
+    for i in 0..PAGE_SIZE / 16 {
+        // SAFETY: in bounds of both buffers (the contract), `dst` aligned for a stream store.
+        unsafe { _mm_stream_si128(dst.add(i), _mm_loadu_si128(src.add(i))) }
+    }
+    // Streaming stores are weakly ordered: the fence makes them visible before the stores
+    // that publish the page (the index entry, the lock releases).
+    // SAFETY: SSE is part of x86_64.
+    unsafe { _mm_sfence() };
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn stream_page(src: *const u8, dst: *mut u8) {
+    // SAFETY: the caller's contract.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, PAGE_SIZE) }
+}
+
 /// Page bytes, their checksums and the dedup table.
 pub struct Store {
     arena: Arena,
@@ -238,7 +311,10 @@ impl Store {
         self.arena.has_room()
     }
 
-    /// Finds an identical content to share, or copies `page` into a new frame.
+    /// Finds an identical content to share, or makes a new content in a new frame, which
+    /// the caller fills after releasing the store lock ([`NewContent::fill`]) and then
+    /// publishes ([`Store::publish`]) so that later pages can share it. The 4 KiB copy (and
+    /// the first touch of a newly mapped segment) thus happens with no store lock held.
     ///
     /// `Err` when the budget is spent: the caller evicts and calls again.
     pub fn intern(
@@ -246,67 +322,96 @@ impl Store {
         page: &[u8],
         digest: Digest,
         opts: InternOptions,
-    ) -> Result<ContentId, ArenaFull> {
+    ) -> Result<Interned, ArenaFull> {
         let tag = digest.hash.map(hash_tag);
-        let key = tag.map(tag_key);
         let contents = &self.contents;
-        let found =
-            key.and_then(|k| self.dedup.find(k, |id| Some(contents[id as usize].tag) == tag));
+        let found = tag
+            .and_then(|tag| self.dedup.find(tag_key(tag), |id| contents[id as usize].tag == tag));
         if let Some(id) = found {
             if self.contents[id as usize].refs < MAX_REFS && self.same_bytes(id, page) {
                 self.contents[id as usize].refs += 1;
                 if opts.pinned {
                     self.pin(id);
                 }
-                return Ok(id);
+                return Ok(Interned::Shared(id));
             }
         }
         let frame = self.arena.alloc()?;
-        self.arena.bytes_mut(frame).copy_from_slice(page);
         let mut flags = 0;
         if opts.compressible {
             flags |= COMPRESSIBLE;
         }
-        let mut content = Content {
-            tag: 0,
+        let content = Content {
+            // Not `HASHED` yet: the dedup table gets it when its bytes are there (`publish`).
+            tag: tag.unwrap_or(0),
             place: PackedPlace::new(Place::Frame(frame)),
             refs: 1,
             crc: digest.crc,
             flags,
             accessed: AtomicBool::new(opts.compressible),
         };
-        if let Some(tag) = tag {
-            content.tag = tag;
-            content.flags |= HASHED;
-        }
         let (contents, free) = (&mut self.contents, &mut self.free_contents);
         let expected = self.budget_bytes / PAGE_SIZE;
         let id = crate::dense::place_expecting(contents, free, content, expected);
-        if let Some(key) = key {
-            // A tag collision with different bytes keeps the first content in the table
-            // and the new one is simply not shared, unless the first has lost its bytes.
-            // (`found` is still the table's entry: nothing above changed the table, and a
-            // content in it has references, so its id was not reused.)
-            match found {
-                None => {
-                    let contents = &self.contents;
-                    self.dedup.insert_unique(key, id, |i| contents[i as usize].key());
-                }
-                Some(old) if !self.is_live(old) => {
-                    // The old content keeps its HASHED flag but is no longer the entry, so
-                    // its release will not remove ours.
-                    if let Some(slot) = self.dedup.find_mut(key, |i| i == old) {
-                        *slot = id;
-                    }
-                }
-                Some(_) => {}
-            }
-        }
         self.set_owner(frame, id);
         if opts.pinned {
             self.pin(id);
         }
-        Ok(id)
+        Ok(Interned::New(NewContent {
+            id,
+            frame: HeldFrame { ptr: self.arena.frame_ptr(frame) },
+            hashed: tag.is_some(),
+        }))
+    }
+
+    /// Puts a new content, now filled, in the dedup table, so that later identical pages
+    /// share it. A tag collision with a different page keeps the first content in the table
+    /// and this one is simply not shared, unless the first has lost its bytes; so does an
+    /// identical page put meanwhile through another shard (the two keep a frame each).
+    pub fn publish(&mut self, new: NewContent) {
+        if !new.hashed {
+            return;
+        }
+        let id = new.id;
+        let c = &self.contents[id as usize];
+        let (tag, key) = (c.tag, c.key());
+        let contents = &self.contents;
+        match self.dedup.find(key, |i| contents[i as usize].tag == tag) {
+            None => {
+                let contents = &self.contents;
+                self.dedup.insert_unique(key, id, |i| contents[i as usize].key());
+            }
+            Some(old) if !self.is_live(old) => {
+                // The old content keeps its HASHED flag but is no longer the entry, so its
+                // release will not remove ours.
+                if let Some(slot) = self.dedup.find_mut(key, |i| i == old) {
+                    *slot = id;
+                }
+            }
+            Some(_) => return,
+        }
+        self.contents[id as usize].flags |= HASHED;
+    }
+
+    /// [`Store::intern`], filled and published at once: for tests, which hold the store
+    /// alone.
+    #[cfg(test)]
+    fn intern_now(
+        &mut self,
+        page: &[u8],
+        digest: Digest,
+        opts: InternOptions,
+    ) -> Result<ContentId, ArenaFull> {
+        Ok(match self.intern(page, digest, opts)? {
+            Interned::Shared(id) => id,
+            Interned::New(new) => {
+                // SAFETY: `&mut self`: nothing else can reach the store, or the frame.
+                unsafe { new.fill(page) };
+                let id = new.id();
+                self.publish(new);
+                id
+            }
+        })
     }
 
     /// Shares the live content with this hash and checksum, as [`Store::intern`] would if
@@ -726,7 +831,7 @@ mod tests {
         let mut store = Store::new(16 * PAGE_SIZE);
         let page: Vec<u8> = (0..PAGE_SIZE).map(|i| (i % 253) as u8).collect();
         let digest = Digest::of(&page, DOMAIN);
-        let id = store.intern(&page, digest, InternOptions::default()).unwrap();
+        let id = store.intern_now(&page, digest, InternOptions::default()).unwrap();
         let hash = digest.hash.unwrap();
         let opts = InternOptions::default();
         // Same tag (low 32 bits) and checksum, another hash: the stored page's hash is
@@ -752,8 +857,8 @@ mod tests {
         let tag = 0xdead_beef_u128;
         let da = Digest { hash: Some(7 << 64 | tag), crc: checksum(&a) };
         let db = Digest { hash: Some(9 << 64 | tag), crc: checksum(&b) };
-        let ia = store.intern(&a, da, InternOptions::default()).unwrap();
-        let ib = store.intern(&b, db, InternOptions::default()).unwrap();
+        let ia = store.intern_now(&a, da, InternOptions::default()).unwrap();
+        let ib = store.intern_now(&b, db, InternOptions::default()).unwrap();
         assert_ne!(ia, ib);
         let mut out = vec![0u8; PAGE_SIZE];
         store.copy_out(ib, &mut out).unwrap();
@@ -768,11 +873,11 @@ mod tests {
         let mut store = Store::new(16 * PAGE_SIZE);
         let page = vec![0x5au8; PAGE_SIZE];
         let digest = Digest::of(&page, DOMAIN);
-        let first = store.intern(&page, digest, InternOptions::default()).unwrap();
+        let first = store.intern_now(&page, digest, InternOptions::default()).unwrap();
         for _ in 1..MAX_REFS {
-            assert_eq!(store.intern(&page, digest, InternOptions::default()), Ok(first));
+            assert_eq!(store.intern_now(&page, digest, InternOptions::default()), Ok(first));
         }
-        let own = store.intern(&page, digest, InternOptions::default()).unwrap();
+        let own = store.intern_now(&page, digest, InternOptions::default()).unwrap();
         assert_ne!(own, first, "a 65 536th reference must not overflow the count");
         let opts = InternOptions::default();
         assert_eq!(store.share(digest.hash.unwrap(), digest.crc, DOMAIN, opts), None);
@@ -782,7 +887,7 @@ mod tests {
         store.validate(&refs);
         // Once a reference goes, the first content takes new ones again.
         store.release(first);
-        assert_eq!(store.intern(&page, digest, InternOptions::default()), Ok(first));
+        assert_eq!(store.intern_now(&page, digest, InternOptions::default()), Ok(first));
         store.validate(&refs);
     }
 
