@@ -3,7 +3,8 @@
 //!
 //! `cargo run --release -p fallow-pool --example fill_stall -- [GiB]` (default 4): fills an
 //! engine of that budget with unique ephemeral pages, 1024 to an object, and prints the
-//! fill's time, its longest put and how many puts took over 1 ms.
+//! fill's time, its longest put and how many puts took over 1 ms; then the tail of 200 000
+//! gets of pages spread over the whole budget, one thread, nothing else running.
 
 use std::time::{Duration, Instant};
 
@@ -41,5 +42,26 @@ fn main() {
     println!(
         "{gib} GiB, {pages} puts in {:.2?}: longest put {longest:.2?}, puts over 1 ms: {over_1ms}",
         start.elapsed()
+    );
+    let mut took: Vec<Duration> = (0..200_000u64)
+        .map(|n| {
+            // A stride prime to `pages` visits them in a scattered order.
+            let i = n.wrapping_mul(2_654_435_761) % pages;
+            let get_start = Instant::now();
+            let found = engine.get(PageKey::new(pool, i / 1024, i % 1024), &mut page);
+            let took = get_start.elapsed();
+            assert!(found.expect("get").is_hit(), "page {i} missing");
+            took
+        })
+        .collect();
+    took.sort_unstable();
+    let at = |q: f64| took[((took.len() - 1) as f64 * q) as usize];
+    println!(
+        "{} gets: p50 {:.2?}, p99 {:.2?}, p99.9 {:.2?}, max {:.2?}",
+        took.len(),
+        at(0.5),
+        at(0.99),
+        at(0.999),
+        at(1.0)
     );
 }

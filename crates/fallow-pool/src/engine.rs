@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use parking_lot::{Mutex, MutexGuard, RwLock};
+use parking_lot::{Mutex, MutexGuard, RwLock, RwLockWriteGuard};
 
 use fallow_core::{
     check_batch, check_page, DedupScope, HashPutOutcome, Lookup, NotStored, ObjectId, PageKey,
@@ -191,10 +191,13 @@ impl Engine {
             // index entries name, which no get may be copying meanwhile (`HeldFrame`).
             let shards = self.inner.lock_all_shards();
             let held = Instant::now();
-            let (extents, more) =
-                self.inner.store.write().shrink_step(&mut plan, SHRINK_STEP_SEGMENTS, &mut shrink);
+            let mut store = self.inner.store.write();
+            let (extents, more) = store.shrink_step(&mut plan, SHRINK_STEP_SEGMENTS, &mut shrink);
             longest_hold = longest_hold.max(held.elapsed());
-            drop(shards);
+            // Fair unlocks hand each lock to a get waiting for it, which would otherwise
+            // find it taken again by the next step before its thread got to run.
+            RwLockWriteGuard::unlock_fair(store);
+            shards.into_iter().for_each(MutexGuard::unlock_fair);
             // Unmapped here, with no lock held: freeing the pages is the kernel's slowest
             // part of giving memory back, and no reader has to wait for it.
             drop(extents);
