@@ -356,6 +356,10 @@ fn shrink_under_reads(
         let reader = s.spawn(|| {
             let mut out = vec![0u8; PAGE_SIZE];
             let mut samples: Vec<Sample> = Vec::with_capacity(1 << 22);
+            // Touched now, so that recording a sample never page-faults (a fault waits for
+            // the process's address-space lock, which the shrink's `munmap` takes).
+            samples.resize(samples.capacity(), (0, 0));
+            samples.clear();
             let mut i: u64 = 0;
             ready.wait();
             while !stop.load(Ordering::Relaxed) {
@@ -417,6 +421,14 @@ fn shrink_with_reader(sizes: Sizes) {
         before.sort_unstable();
         let max = window.last().copied().unwrap_or(0);
         let stalled = window.iter().filter(|&&d| d > STALL_TARGET.as_nanos() as u64).count();
+        for (t, d) in samples.iter().filter(|(t, d)| *t >= lo && *t < hi && *d > 1_000_000) {
+            eprintln!(
+                "  a get of {} µs, {} µs after the shrink began (set_budget took {} µs)",
+                d / 1000,
+                (*t as i64 - s0 as i64) / 1000,
+                (s1 - s0) / 1000
+            );
+        }
         worst = worst.max(max);
         eprintln!(
             "  reader run {}/{RUNS}: shrink {:?}, {} gets in window, max {}, p99 {}",
