@@ -9,7 +9,8 @@
 //! Lock order: `shards[i]` (ascending `i` when several are held) → `store` (read or write)
 //! → `pools` (read, for validation). Operations find their pool in `pool_snapshot`, with
 //! no lock. A get copies its frame with only its shard held; whatever moves or drops page
-//! bytes that entries name holds every shard (`store::HeldFrame`). None is held across a call back into user code. See `docs/concurrency.md`.
+//! bytes that entries name holds every shard (`store::HeldFrame`). None is held across a
+//! call back into user code. See `docs/concurrency.md`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

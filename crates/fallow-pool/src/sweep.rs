@@ -1,8 +1,8 @@
 //! Removing the index entries of pages whose bytes are gone.
 //!
 //! A shrink drops the ephemeral pages of the segments it returns to the OS by their
-//! contents, under the store lock alone: finding every index entry that names one would
-//! mean visiting the shards while the store waits. So the entries stay behind, a miss for
+//! contents: finding every index entry that names one would mean visiting every slot
+//! while the shrink holds the shards and the store. So the entries stay behind, a miss for
 //! whoever reads them next; until then they count as pages in the stats and keep their
 //! metadata (about 100 bytes each: some 25 MiB after giving back 1 GiB of pages).
 //!
@@ -10,11 +10,12 @@
 //! (and the governor calling it) returns as soon as the memory is back: it visits the
 //! shards in steps of at most [`SLOTS_PER_HOLD`] slots and [`REMOVALS_PER_HOLD`]
 //! removals, and hands each lock to a waiting get when it lets go (`unlock_fair`), so no
-//! get waits behind it for more than a step (~0.1 ms), and pauses after each step so
-//! that it holds locks a fifth of its time at most ([`BACKGROUND_DUTY`]). One sweeper runs at a time; a
-//! shrink during a sweep makes it go round once more. The store counts the stale entries,
-//! so a sweep stops as soon as none is left, and a shrink that left only a few does not
-//! start one (reads and evictions remove those as they meet them).
+//! get waits behind it for more than a step (~0.1 ms); in the background it also pauses
+//! after each step, so that it holds locks a fifth of its time at most
+//! ([`BACKGROUND_DUTY`]). One sweeper runs at a time; a shrink during a sweep makes it go
+//! round once more. The store counts the stale entries, so a sweep stops as soon as none
+//! is left, and a shrink that left only a few does not start one (reads and evictions
+//! remove those as they meet them).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -50,9 +51,10 @@ enum Pace {
 /// The background sweep holds a shard (and the store) at most one part in this many of
 /// its time. On a VM, a thread can be descheduled by the host for milliseconds while it
 /// holds a lock, and a get that needs the lock waits as long: measured after a 1 GiB
-/// give-back on 2 vCPUs, one get in ~1,000 waited 1–9 ms while the sweep ran flat out
-/// (asleep, not waiting for a CPU: `giveback` in BENCHMARKS.md). The chance of that is
-/// the share of time the sweep holds locks, so the sweep takes longer instead.
+/// give-back on 2 vCPUs, gets waited 1–9 ms (asleep, not waiting for a CPU) while the
+/// sweep ran flat out: 95 such gets in 24 runs, against 11 paced (BENCHMARKS.md, "Where
+/// the stalls during a give-back come from"). The chance of that is the share of time the
+/// sweep holds locks, so the sweep takes longer instead.
 const BACKGROUND_DUTY: u32 = 5;
 
 /// The sweeper thread's nice value.
