@@ -1,8 +1,8 @@
 //! The engine: pools, the sharded index and the content store behind one [`PageStore`].
 //!
 //! ```text
-//!  put(key, page) ─ fill? hash, crc (no lock) ─▶ shard[hash(key)] ─▶ store ─▶ arena frame
-//!  get(key)       ─────────────────────────────▶ shard[hash(key)] ─▶ store: where ─▶ copy + crc check
+//!  put(key, page) ─ fill? hash, crc ─▶ shard ─▶ store: frame ─▶ copy in ─▶ store: dedup table
+//!  get(key)       ─────────────────▶ shard ─▶ store: where ─▶ copy out ─▶ (shard let go) crc check
 //! ```
 //!
 //! # Locking
