@@ -1,0 +1,464 @@
+//! The engine: pools, the sharded index and the content store behind one [`PageStore`].
+//! This file holds the engine itself, budget changes, invalidation and stats; the put path
+//! is in `put.rs`, the get path in `get.rs`.
+//!
+//! ```text
+//!  put(key, page) ─ fill? hash, crc ─▶ shard ─▶ store: frame ─▶ copy in ─▶ store: dedup table
+//!  get(key)       ─────────────────▶ shard ─▶ store: where ─▶ copy out ─▶ (shard let go) crc check
+//! ```
+//!
+//! # Locking
+//! Lock order: `shards[i]` (ascending `i` when several are held) → `store` (read or write)
+//! → `pools` (read, for validation). Operations find their pool in `pool_snapshot`, with
+//! no lock. A get copies its frame with only its shard held; whatever moves or drops page
+//! bytes that entries name holds every shard (`store::HeldFrame`). None is held across a
+//! call back into user code. See `docs/concurrency.md`.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::{Mutex, MutexGuard, RwLock, RwLockWriteGuard};
+
+use fallow_core::{
+    check_batch, HashPutOutcome, Lookup, ObjectId, PageKey, PageStore, PoolId, PoolSpec,
+    PutOutcome, StoreError, PAGE_SIZE,
+};
+
+use crate::compress::Compressor;
+use crate::config::{EngineConfig, MAX_BUDGET_BYTES};
+use crate::eviction;
+use crate::pools::{self, Counter, PoolCounters, PoolSnapshot, PoolState, PoolTable};
+use crate::shard::{key_hash, Shard, Slot, Value};
+use crate::stats::{BudgetReport, EngineStats, MemoryUsage, PoolStats};
+use crate::store::{ShrinkReport, Store};
+use crate::sweep::{SweepReport, SweepState};
+
+/// Segments released per store-lock hold when shrinking: one extent, so that a step
+/// usually empties one mapping (one `munmap`, after the lock). Bounds how long a get can
+/// wait behind a shrink: each segment costs a scan of its 512 owner slots, plus any
+/// persistent pages it moves.
+const SHRINK_STEP_SEGMENTS: usize = crate::arena::EXTENT_SEGMENTS;
+
+mod get;
+mod put;
+
+/// The in-process page pool. Cheap to share: clone the `Arc` it lives in.
+pub struct Engine {
+    inner: Arc<Inner>,
+    /// Stops and joins the background compressor when the engine is dropped.
+    _compressor: Option<Compressor>,
+}
+
+pub(crate) struct Inner {
+    /// The pool table (see `pools.rs` for its lock rules): taken by creation, destruction
+    /// and stats; operations read `pool_snapshot` instead.
+    pub(crate) pools: RwLock<PoolTable>,
+    /// The live pools as of the last change of `pools`, published under its write lock.
+    pub(crate) pool_snapshot: PoolSnapshot,
+    /// Index shards, chosen by the high bits of the key hash. `parking_lot` mutexes: each is
+    /// held for one index operation (with a get's copy of its page) and never across
+    /// blocking work; all of them by a shrink step and a compression pass.
+    pub(crate) shards: Box<[Mutex<Shard>]>,
+    /// Page bytes, checksums, dedup table. Taken after a shard lock: for reading by a get's
+    /// lookup of its frame (several at once; the copy comes after), for writing by
+    /// everything that changes the store (a put's copy in, a release, a compression pass, a
+    /// shrink step).
+    pub(crate) store: RwLock<Store>,
+    /// The most index entries one shard may hold.
+    entries_per_shard: AtomicUsize,
+    /// The background removal of dropped pages' index entries (`sweep.rs`).
+    pub(crate) sweep: SweepState,
+    config: EngineConfig,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").field("config", &self.inner.config).finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// Starts an engine (and its compressor thread, if configured).
+    pub fn new(config: EngineConfig) -> Self {
+        let frames = config.budget_bytes / PAGE_SIZE;
+        let per_shard = frames.div_ceil(config.shards).max(1);
+        let shards = eviction::for_shards(config.policy, per_shard, config.shards)
+            .expect("config.policy was validated by EngineBuilder::build")
+            .into_iter()
+            .map(|policy| {
+                let mut shard = Shard::new(policy);
+                shard.expect(per_shard);
+                Mutex::new(shard)
+            })
+            .collect();
+        let inner = Arc::new(Inner {
+            pools: RwLock::new(PoolTable::default()),
+            pool_snapshot: PoolSnapshot::default(),
+            shards,
+            store: RwLock::new(Store::new(config.budget_bytes)),
+            entries_per_shard: AtomicUsize::new(per_shard * config.entries_per_frame),
+            sweep: SweepState::default(),
+            config,
+        });
+        let compressor = inner
+            .config
+            .compress_interval
+            .map(|every| Compressor::start(inner.clone(), every, inner.config.compress_batch));
+        tracing::info!(
+            budget_bytes = inner.config.budget_bytes,
+            shards = inner.config.shards,
+            policy = inner.config.policy,
+            "page pool engine started"
+        );
+        Self { inner, _compressor: compressor }
+    }
+
+    /// The configuration this engine runs with.
+    pub fn config(&self) -> &EngineConfig {
+        &self.inner.config
+    }
+
+    /// Changes the lent budget while running. Growing maps segments on demand; shrinking
+    /// returns whole segments to the OS, a few per hold of the store lock, dropping the
+    /// ephemeral pages in them. Persistent pages are never dropped: when they alone exceed
+    /// the new budget, the report says by how many frames (`pinned_over_budget`) and a
+    /// warning is logged.
+    ///
+    /// A budget above [`MAX_BUDGET_BYTES`] is lowered to it (and a warning logged).
+    pub fn set_budget(&self, budget_bytes: usize) -> BudgetReport {
+        let start = Instant::now();
+        if budget_bytes > MAX_BUDGET_BYTES {
+            tracing::warn!(
+                budget_bytes,
+                MAX_BUDGET_BYTES,
+                "budget lowered to the most one engine can address"
+            );
+        }
+        let budget_bytes = budget_bytes.min(MAX_BUDGET_BYTES);
+        let mut shrink = ShrinkReport::default();
+        let mut longest_hold = std::time::Duration::ZERO;
+        let mut plan = {
+            let mut store = self.inner.store.write();
+            store.set_budget(budget_bytes);
+            store.shrink_plan()
+        };
+        loop {
+            // Every shard, then the store: a step moves and drops the bytes of pages that
+            // index entries name, which no get may be copying meanwhile (`HeldFrame`).
+            let shards = self.inner.lock_all_shards();
+            let held = Instant::now();
+            let mut store = self.inner.store.write();
+            let (extents, more) = store.shrink_step(&mut plan, SHRINK_STEP_SEGMENTS, &mut shrink);
+            longest_hold = longest_hold.max(held.elapsed());
+            // Fair unlocks hand each lock to a get waiting for it, which would otherwise
+            // find it taken again by the next step before its thread got to run.
+            RwLockWriteGuard::unlock_fair(store);
+            shards.into_iter().for_each(MutexGuard::unlock_fair);
+            // Unmapped here, with no lock held: freeing the pages is the kernel's slowest
+            // part of giving memory back, and no reader has to wait for it.
+            drop(extents);
+            if !more {
+                break;
+            }
+        }
+        let elapsed = start.elapsed();
+        // The index entries of the pages just dropped go in the background, not when each
+        // is next read: until then they would count as pages and keep their metadata.
+        if shrink.contents_dropped > 0 {
+            self.inner.sweep_if_worth_it();
+        }
+        let frames = budget_bytes / PAGE_SIZE;
+        let per_shard = frames.div_ceil(self.inner.shards.len()).max(1);
+        self.inner
+            .entries_per_shard
+            .store(per_shard * self.inner.config.entries_per_frame, Ordering::Relaxed);
+        for shard in self.inner.shards.iter() {
+            shard.lock().set_capacity(per_shard);
+        }
+        if shrink.pinned_over_budget > 0 {
+            tracing::warn!(
+                budget_bytes,
+                pinned_frames_over = shrink.pinned_over_budget,
+                "persistent pages hold more than the new budget; they are kept"
+            );
+        }
+        tracing::info!(budget_bytes, ?shrink, ?elapsed, ?longest_hold, "lent budget changed");
+        BudgetReport { shrink, elapsed, longest_hold }
+    }
+
+    /// Removes, now, the index entries of pages whose bytes are gone (dropped by a shrink,
+    /// or found corrupt through another key). `set_budget` starts the same sweep on a
+    /// thread of its own after every shrink that dropped pages, and a read removes such an
+    /// entry when it finds one; this is for callers that want it done before they go on.
+    pub fn sweep_dropped(&self) -> SweepReport {
+        self.inner.sweep_dropped()
+    }
+
+    /// Compresses up to `max` cold pages of pools with compression on, now. Returns how
+    /// many were compressed. The background thread calls this periodically.
+    pub fn compress_cold(&self, max: usize) -> usize {
+        self.inner.compress_pass(max)
+    }
+
+    /// Stores pages by content hash instead of bytes (dedup across nodes: a client that
+    /// knows this engine holds a page's content sends its hash): `contents[i]` is the
+    /// [`fallow_core::content::content_hash`] and [`fallow_core::content::checksum`] of
+    /// the page meant for `keys[i]`. A key whose content is not held, or whose pool does
+    /// not dedup, is answered [`HashPutOutcome::NotHeld`] and holds no page afterwards.
+    pub fn put_many_by_hash(
+        &self,
+        keys: &[PageKey],
+        contents: &[(u128, u32)],
+    ) -> Result<Vec<HashPutOutcome>, StoreError> {
+        self.inner.put_many_by_hash(keys, contents)
+    }
+
+    /// Counters and memory use, for the engine and each pool.
+    pub fn stats(&self) -> EngineStats {
+        self.inner.stats()
+    }
+
+    /// Memory held for pages, under the store lock only.
+    pub fn memory(&self) -> MemoryUsage {
+        let usage = self.inner.store.read().usage();
+        MemoryUsage {
+            budget_bytes: usage.budget_bytes,
+            mapped_bytes: usage.mapped_bytes,
+            frames_used: usage.frames_used,
+            compressed_bytes: usage.compressed_bytes,
+        }
+    }
+
+    /// Counters of one pool.
+    pub fn pool_stats(&self, pool: PoolId) -> Result<PoolStats, StoreError> {
+        let state = self.inner.pools.read().get(pool)?;
+        Ok(PoolStats::of(pool, &state))
+    }
+
+    /// Checks every invariant of the index, the policies, the store and the arena, and
+    /// panics on the first broken one. Locks everything: for tests and debug builds.
+    pub fn validate(&self) {
+        self.inner.validate();
+    }
+
+    pub(crate) fn inner(&self) -> &Inner {
+        &self.inner
+    }
+}
+
+impl Inner {
+    /// The pool `id`, shared: for the long operations (invalidating an object or a pool
+    /// walks every shard), which should not pin a snapshot meanwhile. The others borrow
+    /// their pool from a `pool_snapshot` guard for their few microseconds.
+    fn pool(&self, id: PoolId) -> Result<Arc<PoolState>, StoreError> {
+        let pools = self.pool_snapshot.load();
+        pools.get(&id).cloned().ok_or(StoreError::UnknownPool(id))
+    }
+
+    fn shard_of(&self, hash: u64) -> usize {
+        // The shard count is a power of two; the high bits are independent of the low bits
+        // some policies use for their own tables.
+        (hash >> 48) as usize & (self.shards.len() - 1)
+    }
+
+    /// Every shard's lock, in ascending order. Taken, before the store's write lock, by
+    /// the steps that move or drop the bytes of contents that index entries still name (a
+    /// shrink step, a compression pass): a get copies a frame with only its shard held
+    /// (`HeldFrame`), so holding every shard is what keeps those bytes still under it.
+    pub(crate) fn lock_all_shards(&self) -> Vec<MutexGuard<'_, Shard>> {
+        self.shards.iter().map(|s| s.lock()).collect()
+    }
+
+    /// One compression pass of at most `max` cold pages (it replaces their frames).
+    pub(crate) fn compress_pass(&self, max: usize) -> usize {
+        let _shards = self.lock_all_shards();
+        self.store.write().compress_pass(max)
+    }
+
+    /// Forgets a removed slot's page: drops its content reference and its pool's count.
+    /// `counters` is `None` only when the pool is being destroyed: nobody reads them then.
+    pub(crate) fn release(&self, store: &mut Store, slot: &Slot, counters: Option<&PoolCounters>) {
+        if let Value::Content(id) = slot.value {
+            store.release(id);
+        }
+        let Some(counters) = counters else { return };
+        counters.drop_one(Counter::Pages);
+        if matches!(slot.value, Value::Fill(_)) {
+            counters.drop_one(Counter::FillPages);
+        }
+    }
+
+    fn invalidate_page(&self, key: PageKey) -> Result<(), StoreError> {
+        let pools = self.pool_snapshot.load();
+        let pool = pools::find(&pools, key.pool)?;
+        let hash = key_hash(&key);
+        let mut shard = self.shards[self.shard_of(hash)].lock();
+        if let Some((id, _)) = shard.lookup(&key, hash) {
+            let slot = shard.remove(id);
+            self.release(&mut self.store.write(), &slot, Some(&pool.counters));
+            pool.counters.bump(Counter::Invalidations);
+        }
+        Ok(())
+    }
+
+    /// Removes every page of `pool` (of `object` only, when given), shard by shard.
+    fn invalidate_pages(
+        &self,
+        pool: PoolId,
+        counters: &PoolCounters,
+        object: Option<ObjectId>,
+    ) -> u64 {
+        let mut removed = 0;
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock();
+            let ids = match object {
+                Some(object) => shard.object_pages(pool, object),
+                None => shard.pool_pages(pool),
+            };
+            if ids.is_empty() {
+                continue;
+            }
+            let mut store = self.store.write();
+            for id in ids {
+                let slot = shard.remove(id);
+                self.release(&mut store, &slot, Some(counters));
+                removed += 1;
+            }
+        }
+        counters.add(Counter::Invalidations, removed);
+        removed
+    }
+
+    fn destroy_pool(&self, id: PoolId) -> Result<(), StoreError> {
+        let last = {
+            let mut table = self.pools.write();
+            let last = table.detach(id)?;
+            self.pool_snapshot.publish(&table);
+            last
+        };
+        if let Some(state) = last {
+            let removed = self.invalidate_pages(id, &state.counters, None);
+            tracing::debug!(pool = id.0, removed, "pool destroyed");
+        }
+        Ok(())
+    }
+
+    fn stats(&self) -> EngineStats {
+        let mut metadata = 0;
+        let mut policy = "";
+        let mut small_share = None;
+        for shard in self.shards.iter() {
+            let shard = shard.lock();
+            metadata += shard.heap_bytes();
+            policy = shard.policy_name();
+            small_share = shard.small_share();
+        }
+        let usage = self.store.read().usage();
+        let pools: Vec<PoolStats> =
+            self.pools.read().all().iter().map(|(id, s)| PoolStats::of(*id, s)).collect();
+        let mut stats = EngineStats::new(usage, metadata, self.shards.len(), policy, pools);
+        stats.small_share_percent =
+            small_share.map(|s| (s * 100.0).round().clamp(0.0, 100.0) as u8);
+        stats
+    }
+
+    fn validate(&self) {
+        let shards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
+        let store = self.store.read();
+        let mut refs = std::collections::HashMap::new();
+        let mut pages = std::collections::HashMap::<PoolId, u64>::new();
+        for shard in &shards {
+            shard.validate();
+            for (_, slot) in shard.slots() {
+                *pages.entry(slot.key.pool).or_default() += 1;
+                if let Value::Content(id) = slot.value {
+                    *refs.entry(id).or_insert(0u32) += 1;
+                }
+                let state = self.pools.read().get(slot.key.pool);
+                let state = state.unwrap_or_else(|_| panic!("{:?} in an unknown pool", slot.key));
+                assert_eq!(
+                    slot.persistent,
+                    state.persistent(),
+                    "{:?} has the wrong kind",
+                    slot.key
+                );
+            }
+        }
+        store.validate(&refs);
+        for (id, state) in self.pools.read().all() {
+            let counted = pages.get(&id).copied().unwrap_or(0);
+            let recorded = state.counters.get(Counter::Pages);
+            assert_eq!(counted, recorded, "{id}: {counted} pages indexed, {recorded} counted");
+        }
+    }
+}
+
+impl PageStore for Engine {
+    fn create_pool(&self, spec: &PoolSpec) -> Result<PoolId, StoreError> {
+        let mut table = self.inner.pools.write();
+        let id = table.create(spec)?;
+        self.inner.pool_snapshot.publish(&table);
+        Ok(id)
+    }
+
+    fn destroy_pool(&self, pool: PoolId) -> Result<(), StoreError> {
+        self.inner.destroy_pool(pool)
+    }
+
+    fn put(&self, key: PageKey, page: &[u8]) -> Result<PutOutcome, StoreError> {
+        self.inner.put(key, page)
+    }
+
+    fn get(&self, key: PageKey, out: &mut [u8]) -> Result<Lookup, StoreError> {
+        self.inner.get(key, out, false)
+    }
+
+    fn take(&self, key: PageKey, out: &mut [u8]) -> Result<Lookup, StoreError> {
+        self.inner.get(key, out, true)
+    }
+
+    fn invalidate_page(&self, key: PageKey) -> Result<(), StoreError> {
+        self.inner.invalidate_page(key)
+    }
+
+    fn invalidate_object(&self, pool: PoolId, object: ObjectId) -> Result<u64, StoreError> {
+        let state = self.inner.pool(pool)?;
+        Ok(self.inner.invalidate_pages(pool, &state.counters, Some(object)))
+    }
+
+    fn invalidate_pool(&self, pool: PoolId) -> Result<u64, StoreError> {
+        let state = self.inner.pool(pool)?;
+        Ok(self.inner.invalidate_pages(pool, &state.counters, None))
+    }
+
+    fn put_many(&self, keys: &[PageKey], pages: &[u8]) -> Result<Vec<PutOutcome>, StoreError> {
+        self.inner.put_many(keys, pages)
+    }
+
+    fn get_many(&self, keys: &[PageKey], out: &mut [u8]) -> Result<Vec<Lookup>, StoreError> {
+        check_batch(keys.len(), out.len())?;
+        self.inner.read_many(keys, out, false)
+    }
+
+    fn take_many(&self, keys: &[PageKey], out: &mut [u8]) -> Result<Vec<Lookup>, StoreError> {
+        check_batch(keys.len(), out.len())?;
+        self.inner.read_many(keys, out, true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::EngineBuilder;
+
+    #[test]
+    fn keys_spread_over_every_shard() {
+        let e = Engine::new(EngineBuilder::new(1 << 20).shards(8).build().unwrap());
+        let mut seen = [false; 8];
+        for i in 0..256 {
+            seen[e.inner().shard_of(key_hash(&PageKey::new(PoolId(0), 0, i)))] = true;
+        }
+        assert!(seen.iter().all(|&s| s));
+    }
+}
