@@ -79,7 +79,13 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     let pool = 0..POOLS;
     let object = 0u64..4;
-    let index = 0u64..12;
+    // Mostly the first run of 64 indexes (where the batches write), some across its end
+    // and far away, so that objects span several of the index's extents.
+    let index = prop_oneof![
+        4 => 0u64..12,
+        2 => 60u64..68,
+        1 => prop::sample::select(vec![1 << 40, (1 << 40) + 63, u64::MAX - 64, u64::MAX]),
+    ];
     prop_oneof![
         8 => (pool.clone(), object.clone(), index.clone(), any::<u8>())
             .prop_map(|(pool, object, index, content)| Op::Put { pool, object, index, content }),

@@ -32,7 +32,7 @@ impl Inner {
         let pool = pools::find(&pools, key.pool)?;
         let hash = key_hash(&key);
         let found = {
-            let mut shard = self.shards[self.shard_of(hash)].lock();
+            let mut shard = self.shards[self.shard_of(&key)].lock();
             self.read_locked(&mut shard, pool, key, hash, out, remove)
         };
         let found = self.check_copy(found, pool, key, hash, out);
@@ -118,7 +118,7 @@ impl Inner {
             Copied::Unchecked(crc) if checksum(out) == crc => return Lookup::Hit,
             Copied::Unchecked(_) => {}
         }
-        let mut shard = self.shards[self.shard_of(hash)].lock();
+        let mut shard = self.shards[self.shard_of(&key)].lock();
         let Some((id, slot)) = shard.lookup(&key, hash) else { return Lookup::Miss };
         let judged = match slot.value {
             Value::Fill(word) => {
@@ -161,7 +161,7 @@ impl Inner {
                 pools.push((key.pool, pools::find(&snapshot, key.pool)?));
             }
             let hash = key_hash(key);
-            order.push((self.shard_of(hash), hash, i));
+            order.push((self.shard_of(key), hash, i));
         }
         order.sort_unstable();
         let mut results = vec![Lookup::Miss; keys.len()];
@@ -205,7 +205,7 @@ mod tests {
         let _ = e.put(key, &page).unwrap();
         let inner = e.inner();
         let hash = key_hash(&key);
-        let (_, slot) = inner.shards[inner.shard_of(hash)].lock().lookup(&key, hash).unwrap();
+        let (_, slot) = inner.shards[inner.shard_of(&key)].lock().lookup(&key, hash).unwrap();
         let Value::Content(id) = slot.value else { panic!("not a content page") };
         inner.store.write().corrupt(id);
         let mut out = vec![0u8; PAGE_SIZE];
@@ -231,7 +231,8 @@ mod tests {
         assert_eq!(e.memory().frames_used, 1, "the two keys share one frame");
         let inner = e.inner();
         let hash = key_hash(&keys[0]);
-        let (_, slot) = inner.shards[inner.shard_of(hash)].lock().lookup(&keys[0], hash).unwrap();
+        let (_, slot) =
+            inner.shards[inner.shard_of(&keys[0])].lock().lookup(&keys[0], hash).unwrap();
         let Value::Content(id) = slot.value else { panic!("not a content page") };
         inner.store.write().corrupt(id);
         let mut out = vec![0u8; PAGE_SIZE];
@@ -266,7 +267,7 @@ mod tests {
         let inner = e.inner();
         for key in [keys[1], keys[4]] {
             let hash = key_hash(&key);
-            let (_, slot) = inner.shards[inner.shard_of(hash)].lock().lookup(&key, hash).unwrap();
+            let (_, slot) = inner.shards[inner.shard_of(&key)].lock().lookup(&key, hash).unwrap();
             let Value::Content(id) = slot.value else { panic!("not a content page") };
             inner.store.write().corrupt(id);
         }
@@ -281,7 +282,8 @@ mod tests {
         assert_eq!(e.take(keys[5], &mut one).unwrap(), Lookup::Hit);
         assert_eq!(one, page(5));
         let hash = key_hash(&keys[0]);
-        let (_, slot) = inner.shards[inner.shard_of(hash)].lock().lookup(&keys[0], hash).unwrap();
+        let (_, slot) =
+            inner.shards[inner.shard_of(&keys[0])].lock().lookup(&keys[0], hash).unwrap();
         let Value::Content(id) = slot.value else { panic!("not a content page") };
         inner.store.write().corrupt(id);
         assert_eq!(e.take(keys[0], &mut one).unwrap(), Lookup::Miss);

@@ -29,7 +29,7 @@ use crate::compress::Compressor;
 use crate::config::{EngineConfig, MAX_BUDGET_BYTES};
 use crate::eviction;
 use crate::pools::{self, Counter, PoolCounters, PoolSnapshot, PoolState, PoolTable};
-use crate::shard::{key_hash, Shard, Slot, Value};
+use crate::shard::{key_hash, run_hash, Shard, Slot, Value};
 use crate::stats::{BudgetReport, EngineStats, MemoryUsage, PoolStats};
 use crate::store::{ShrinkReport, Store};
 use crate::sweep::{SweepReport, SweepState};
@@ -78,6 +78,13 @@ impl std::fmt::Debug for Engine {
     }
 }
 
+/// The most index entries a shard of `frames` budget frames may hold: `entries_per_frame`
+/// for each, up to what a shard can index at all ([`crate::shard::MAX_PAGES`], 2²⁶, reached
+/// only by budgets over 2 TiB in 8 shards).
+fn entry_limit(frames: usize, entries_per_frame: usize) -> usize {
+    frames.saturating_mul(entries_per_frame).min(crate::shard::MAX_PAGES)
+}
+
 impl Engine {
     /// Starts an engine (and its compressor thread, if configured).
     pub fn new(config: EngineConfig) -> Self {
@@ -97,7 +104,7 @@ impl Engine {
             pool_snapshot: PoolSnapshot::default(),
             shards,
             store: RwLock::new(Store::new(config.budget_bytes)),
-            entries_per_shard: AtomicUsize::new(per_shard * config.entries_per_frame),
+            entries_per_shard: AtomicUsize::new(entry_limit(per_shard, config.entries_per_frame)),
             sweep: SweepState::default(),
             config,
         });
@@ -172,7 +179,7 @@ impl Engine {
         let per_shard = frames.div_ceil(self.inner.shards.len()).max(1);
         self.inner
             .entries_per_shard
-            .store(per_shard * self.inner.config.entries_per_frame, Ordering::Relaxed);
+            .store(entry_limit(per_shard, self.inner.config.entries_per_frame), Ordering::Relaxed);
         for shard in self.inner.shards.iter() {
             shard.lock().set_capacity(per_shard);
         }
@@ -256,10 +263,10 @@ impl Inner {
         pools.get(&id).cloned().ok_or(StoreError::UnknownPool(id))
     }
 
-    fn shard_of(&self, hash: u64) -> usize {
-        // The shard count is a power of two; the high bits are independent of the low bits
-        // some policies use for their own tables.
-        (hash >> 48) as usize & (self.shards.len() - 1)
+    fn shard_of(&self, key: &PageKey) -> usize {
+        // The shard count is a power of two. By the key's run, not the key: a run's pages
+        // then share an extent (`shard/extents.rs`).
+        (run_hash(key) >> 48) as usize & (self.shards.len() - 1)
     }
 
     /// Every shard's lock, in ascending order. Taken, before the store's write lock, by
@@ -293,7 +300,7 @@ impl Inner {
         let pools = self.pool_snapshot.load();
         let pool = pools::find(&pools, key.pool)?;
         let hash = key_hash(&key);
-        let mut shard = self.shards[self.shard_of(hash)].lock();
+        let mut shard = self.shards[self.shard_of(&key)].lock();
         if let Some((id, _)) = shard.lookup(&key, hash) {
             let slot = shard.remove(id);
             self.release(&mut self.store.write(), &slot, Some(&pool.counters));
@@ -453,12 +460,19 @@ mod tests {
     use crate::EngineBuilder;
 
     #[test]
-    fn keys_spread_over_every_shard() {
+    fn runs_spread_over_every_shard_and_a_runs_pages_share_one() {
         let e = Engine::new(EngineBuilder::new(1 << 20).shards(8).build().unwrap());
-        let mut seen = [false; 8];
-        for i in 0..256 {
-            seen[e.inner().shard_of(key_hash(&PageKey::new(PoolId(0), 0, i)))] = true;
+        let shard_of = |object, index| e.inner().shard_of(&PageKey::new(PoolId(0), object, index));
+        let mut objects = [0; 8];
+        let mut runs = [0; 8];
+        for i in 0..800 {
+            objects[shard_of(i, 0)] += 1;
+            runs[shard_of(0, i * 64)] += 1;
+            assert_eq!(shard_of(i, i * 64), shard_of(i, i * 64 + 63), "one run, one shard");
         }
-        assert!(seen.iter().all(|&s| s));
+        // 100 a shard on average; ±40 is over four standard deviations.
+        for count in objects.iter().chain(&runs) {
+            assert!((60..=140).contains(count), "{objects:?} {runs:?}");
+        }
     }
 }

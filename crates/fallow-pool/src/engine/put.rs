@@ -55,14 +55,14 @@ impl<'a> Prepared<'a> {
         let digest = Digest::of_unless_fill(page, fill, pool.spec.dedup);
         let hash = key_hash(&key);
         let source = Source::Page(page);
-        Self { key, source, fill, digest, hash, shard: inner.shard_of(hash), pool }
+        Self { key, source, fill, digest, hash, shard: inner.shard_of(&key), pool }
     }
 
     fn by_hash(key: PageKey, content: u128, crc: u32, pool: &'a PoolState, inner: &Inner) -> Self {
         let digest = Digest { hash: Some(content), crc };
         let hash = key_hash(&key);
         let source = Source::Held;
-        Self { key, source, fill: None, digest, hash, shard: inner.shard_of(hash), pool }
+        Self { key, source, fill: None, digest, hash, shard: inner.shard_of(&key), pool }
     }
 }
 

@@ -1,40 +1,44 @@
-//! One shard of the page index: key → slot, the slots themselves, the shard's objects, and
+//! One shard of the page index: key → slot, the slots themselves, the shard's extents, and
 //! the eviction policy over this shard's ephemeral pages.
 //!
 //! ```text
-//!  index: IdTable (slot ids)  ──hash(key)──▶  slots[id] { index, value, object ref, prev, next }
-//!                                                                 │        │
-//!  fills: fill id ──▶ word ◀──────────────────────────────────────┘        │
-//!  objects: (pool, object, persistent) ◀───────────────────────────────────┘
-//!           head ──▶ slot ⇄ slot ⇄ …
+//!  index: IdTable (slot ids)  ──hash(key)──▶  slots[id] { value, extent · position }
+//!                                                          │          │
+//!  fills: fill id ──▶ word ◀───────────────────────────────┘          │
+//!  extents: (pool, object, run of 64 indexes, page bitmap) ◀──────────┘
+//!           heads: (pool, object) ──▶ extent ⇄ extent ⇄ …
 //! ```
 //!
 //! The index is a cuckoo hash table of slot ids (5 bytes a slot, sized to the shard's
 //! capacity: [`crate::id_table`]) hashed by the page's key; the key itself is stored
-//! once, split between the slot (the page index) and the object table (pool and object,
-//! shared by all of an object's pages). Each object's
-//! pages form a doubly linked list through their slots, so invalidating an object walks
-//! exactly its pages, and invalidating a pool walks its objects. Slots are dense ids,
-//! reused, so that policies can keep their per-page state in flat arrays. A slot is 24
-//! bytes: whatever can be shared is kept once elsewhere (the pool, object and kind in the
-//! object table, fill words in the fill table).
+//! once, split between the slot (the page's position in its run of 64 indexes) and the
+//! extent table (pool, object and run, shared by all of a run's pages). Each object's
+//! extents form a list, so invalidating an object walks exactly its runs, and each run's
+//! bitmap says which of its pages are here. Slots are dense ids, reused, so that policies
+//! can keep their per-page state in flat arrays. A slot is 8 bytes: whatever can be
+//! shared is kept once elsewhere (the key's pool, object, run and kind in the extent
+//! table, fill words in the fill table).
 //!
 //! # Locking
 //! Each shard sits in its own mutex in the engine; every method here runs with it held.
 
+mod extents;
 mod fills;
-mod objects;
 
 use fallow_core::{ObjectId, PageKey, PoolId};
 
 use crate::eviction::{Eviction, SlotId};
 use crate::id_table::IdTable;
 use crate::store::ContentId;
+use extents::{position, ExtentRef, Extents, NIL, RUN_BITS};
 use fills::Fills;
-use objects::{ObjectRef, Objects, NIL};
+
+/// The most pages one shard holds: each may need an extent of its own, and extent ids
+/// have 26 bits ([`extents::MAX_EXTENTS`]). The engine caps a shard's entries below it.
+pub const MAX_PAGES: usize = extents::MAX_EXTENTS;
 
 /// splitmix64's finalizer: spreads a 64-bit value over all bits, for the shard's small
-/// tables (objects, fill words), which use both a hash's high bits (tags) and its low bits
+/// tables (extents, fill words), which use both a hash's high bits (tags) and its low bits
 /// (buckets).
 pub(crate) fn mix64(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -42,14 +46,20 @@ pub(crate) fn mix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// A well-mixed hash of a key: its high bits pick the shard, all of it feeds the index and
-/// the policy.
+/// A well-mixed hash of a key: it feeds the index and the policy.
 pub(crate) fn key_hash(key: &PageKey) -> u64 {
     let mut b = [0u8; 20];
     b[..4].copy_from_slice(&key.pool.0.to_le_bytes());
     b[4..12].copy_from_slice(&key.object.to_le_bytes());
     b[12..].copy_from_slice(&key.index.to_le_bytes());
     xxhash_rust::xxh3::xxh3_64(&b)
+}
+
+/// A well-mixed hash of the run of 64 indexes `key` falls in ([`extents::run`]), whose high
+/// bits pick the key's shard: so a run's pages share one shard and one extent, and the
+/// extent's 36 bytes are split between up to 64 pages instead of a few.
+pub(crate) fn run_hash(key: &PageKey) -> u64 {
+    extents::extent_hash(key.pool, key.object, extents::run(key.index))
 }
 
 /// What an index entry holds in place of page bytes.
@@ -72,18 +82,14 @@ pub struct Slot {
     pub persistent: bool,
 }
 
-/// A [`Slot`] as stored: 24 bytes. The pool, object and persistence live in the object
+/// A [`Slot`] as stored: 8 bytes. The pool, object, run and persistence live in the extent
 /// table, a fill word in the fill table.
 #[derive(Debug, Clone, Copy)]
 struct Packed {
-    index: u64,
     /// A content id, or `FILL | fill id`.
     value: u32,
-    /// `NIL` marks a free slot.
-    object: ObjectRef,
-    /// The neighbours in the object's page list.
-    prev: SlotId,
-    next: SlotId,
+    /// `extent << RUN_BITS | position`; `NIL` marks a free slot.
+    loc: u32,
 }
 
 /// The bit of `Packed::value` that makes it a fill id. Content ids stay below it
@@ -92,7 +98,15 @@ const FILL: u32 = 1 << 31;
 
 impl Packed {
     fn is_free(&self) -> bool {
-        self.object == NIL
+        self.loc == NIL
+    }
+
+    fn extent(&self) -> ExtentRef {
+        self.loc >> RUN_BITS
+    }
+
+    fn position(&self) -> u32 {
+        self.loc & ((1 << RUN_BITS) - 1)
     }
 }
 
@@ -101,7 +115,7 @@ pub struct Shard {
     index: IdTable,
     slots: Vec<Packed>,
     free_slots: Vec<SlotId>,
-    objects: Objects,
+    extents: Extents,
     fills: Fills,
     policy: Box<dyn Eviction>,
     /// Slots to expect when the shard is full ([`Shard::expect`]).
@@ -109,10 +123,10 @@ pub struct Shard {
 }
 
 /// The key of live slot `id`.
-fn key_of(slots: &[Packed], objects: &Objects, id: SlotId) -> PageKey {
+fn key_of(slots: &[Packed], extents: &Extents, id: SlotId) -> PageKey {
     let s = &slots[id as usize];
-    let o = objects.get(s.object);
-    PageKey::new(o.pool, o.object, s.index)
+    let e = extents.get(s.extent());
+    PageKey::new(e.pool, e.object, e.run << RUN_BITS | u64::from(s.position()))
 }
 
 impl Shard {
@@ -122,7 +136,7 @@ impl Shard {
             index: IdTable::default(),
             slots: Vec::new(),
             free_slots: Vec::new(),
-            objects: Objects::default(),
+            extents: Extents::default(),
             fills: Fills::default(),
             policy,
             expected: 0,
@@ -160,46 +174,50 @@ impl Shard {
     pub fn expect(&mut self, pages: usize) {
         self.expected = crate::dense::with_headroom(pages);
         self.index.expect(self.expected);
-        self.objects.expect(self.expected);
+        self.extents.expect(self.expected.min(MAX_PAGES));
     }
 
     /// The live slot `id`, unpacked.
     fn slot(&self, id: SlotId) -> Slot {
         let s = &self.slots[id as usize];
         debug_assert!(!s.is_free(), "slot {id} is free");
-        let o = self.objects.get(s.object);
+        let e = self.extents.get(s.extent());
         let value = match s.value & FILL {
             0 => Value::Content(s.value),
             _ => Value::Fill(self.fills.word(s.value & !FILL)),
         };
-        Slot { key: PageKey::new(o.pool, o.object, s.index), value, persistent: o.persistent }
+        let index = e.run << RUN_BITS | u64::from(s.position());
+        Slot { key: PageKey::new(e.pool, e.object, index), value, persistent: e.persistent }
     }
 
     /// The slot holding `key`, whose [`key_hash`] is `hash`, if any.
     pub fn lookup(&self, key: &PageKey, hash: u64) -> Option<(SlotId, Slot)> {
-        let (slots, objects) = (&self.slots, &self.objects);
+        let (slots, extents) = (&self.slots, &self.extents);
+        let at = position(key.index);
         let id = self.index.find(hash, |id| {
             let s = &slots[id as usize];
-            s.index == key.index && objects.is(s.object, key.pool, key.object)
+            s.position() == at && extents.covers(s.extent(), key.pool, key.object, key.index)
         })?;
         Some((id, self.slot(id)))
     }
 
     /// Records a hit on an ephemeral page.
     pub fn touch(&mut self, id: SlotId, hash: u64) {
-        // Read the object alone: a hit is the hot path, and unpacking the whole slot is not
-        // needed (its object entry was just read by the lookup).
-        let object = self.slots[id as usize].object;
-        if object != NIL && !self.objects.persistent(object) {
+        // Read the extent's kind alone: a hit is the hot path, and unpacking the whole slot
+        // is not needed (its extent was just read by the lookup).
+        let s = self.slots[id as usize];
+        if !s.is_free() && !self.extents.persistent(s.extent()) {
             self.policy.touch(id, hash);
         }
     }
 
-    /// Adds a page. The caller guarantees `slot.key` is not in the index and that `hash` is
-    /// its [`key_hash`].
+    /// Adds a page. The caller guarantees `slot.key` is not in the index, that `hash` is
+    /// its [`key_hash`], and that the shard holds fewer than [`MAX_PAGES`] pages.
     pub fn insert(&mut self, slot: Slot, hash: u64) -> SlotId {
         debug_assert_eq!(hash, key_hash(&slot.key));
-        let object = self.objects.find_or_add(slot.key.pool, slot.key.object, slot.persistent);
+        let PageKey { pool, object, index } = slot.key;
+        let extent = self.extents.add_page(pool, object, index, slot.persistent);
+        let extent = extent.expect("the engine keeps a shard below MAX_PAGES");
         let value = match slot.value {
             Value::Fill(word) => FILL | self.fills.add(word),
             Value::Content(id) => {
@@ -207,60 +225,31 @@ impl Shard {
                 id
             }
         };
-        let packed = Packed { index: slot.key.index, value, object, prev: NIL, next: NIL };
+        let packed = Packed { value, loc: extent << RUN_BITS | position(index) };
         let (slots, free) = (&mut self.slots, &mut self.free_slots);
         let id = crate::dense::place_expecting(slots, free, packed, self.expected);
-        self.link(id);
-        let Shard { index, slots, objects, .. } = self;
-        index.insert_unique(hash, id, |x| key_hash(&key_of(slots, objects, x)));
+        let Shard { index, slots, extents, .. } = self;
+        index.insert_unique(hash, id, |x| key_hash(&key_of(slots, extents, x)));
         if !slot.persistent {
             self.policy.insert(id, hash);
         }
         id
     }
 
-    /// Puts live slot `id` at the head of its object's list.
-    fn link(&mut self, id: SlotId) {
-        let r = self.slots[id as usize].object;
-        let head = self.objects.get(r).head;
-        self.objects.set_head(r, id);
-        self.objects.add_page(r);
-        if head != NIL {
-            self.slots[head as usize].prev = id;
-        }
-        let s = &mut self.slots[id as usize];
-        s.prev = NIL;
-        s.next = head;
-    }
-
-    /// Takes live slot `id` out of its object's list, and the object out of the table when
-    /// it was its last page here.
-    fn unlink(&mut self, id: SlotId) {
-        let Packed { prev, next, object: r, .. } = self.slots[id as usize];
-        if prev != NIL {
-            self.slots[prev as usize].next = next;
-        } else {
-            self.objects.set_head(r, next);
-        }
-        if next != NIL {
-            self.slots[next as usize].prev = prev;
-        }
-        self.objects.remove_page(r);
-    }
-
-    /// Takes live slot `id` out of the index and its object, frees it, and returns it with
+    /// Takes live slot `id` out of the index and its extent, frees it, and returns it with
     /// its key's hash.
     fn detach(&mut self, id: SlotId) -> (Slot, u64) {
         let slot = self.slot(id);
         let hash = key_hash(&slot.key);
         let found = self.index.remove(hash, |x| x == id);
         found.expect("a live slot is indexed");
-        self.unlink(id);
         let s = &mut self.slots[id as usize];
+        let (extent, at) = (s.extent(), s.position());
         if s.value & FILL != 0 {
             self.fills.release(s.value & !FILL);
         }
-        s.object = NIL;
+        s.loc = NIL;
+        self.extents.remove_page(extent, at);
         self.free_slots.push(id);
         (slot, hash)
     }
@@ -287,8 +276,8 @@ impl Shard {
     /// Slot ids of every page of `object` in `pool`.
     pub fn object_pages(&self, pool: PoolId, object: ObjectId) -> Vec<SlotId> {
         let mut ids = Vec::new();
-        if let Some(r) = self.objects.find(pool, object) {
-            self.collect_list(r, &mut ids);
+        for e in self.extents.of_object(pool, object) {
+            self.collect_extent(&e, &mut ids);
         }
         ids
     }
@@ -296,19 +285,28 @@ impl Shard {
     /// Slot ids of every page of `pool`.
     pub fn pool_pages(&self, pool: PoolId) -> Vec<SlotId> {
         let mut ids = Vec::new();
-        for (r, o) in self.objects.live() {
-            if o.pool == pool {
-                self.collect_list(r, &mut ids);
+        for (_, e) in self.extents.live() {
+            if e.pool == pool {
+                self.collect_extent(&e, &mut ids);
             }
         }
         ids
     }
 
-    fn collect_list(&self, r: ObjectRef, ids: &mut Vec<SlotId>) {
-        let mut id = self.objects.get(r).head;
-        while id != NIL {
+    /// Pushes the slot id of each page of extent `e`, found through the index: a slot
+    /// keeps no link to its neighbours, which would cost 8 bytes a page to save a hash
+    /// per page of an invalidation.
+    fn collect_extent(&self, e: &extents::Extent, ids: &mut Vec<SlotId>) {
+        let mut bits = e.pages;
+        while bits != 0 {
+            let key = PageKey::new(
+                e.pool,
+                e.object,
+                e.run << RUN_BITS | u64::from(bits.trailing_zeros()),
+            );
+            bits &= bits - 1;
+            let (id, _) = self.lookup(&key, key_hash(&key)).expect("an extent's page is indexed");
             ids.push(id);
-            id = self.slots[id as usize].next;
         }
     }
 
@@ -345,28 +343,30 @@ impl Shard {
             .map(|id| (id, self.slot(id)))
     }
 
-    /// Heap bytes of this shard's metadata: index, slots, objects and policy.
+    /// Heap bytes of this shard's metadata: index, slots, extents and policy.
     pub fn heap_bytes(&self) -> usize {
         use std::mem::size_of;
         self.index.heap_bytes()
             + crate::dense::resident_bytes(&self.slots)
             + self.free_slots.capacity() * size_of::<SlotId>()
-            + self.objects.heap_bytes()
+            + self.extents.heap_bytes()
             + self.fills.heap_bytes()
             + self.policy.heap_bytes()
     }
 
-    /// Panics unless the index, the slots, the object lists and the policy agree.
+    /// Panics unless the index, the slots, the extents and the policy agree.
     pub fn validate(&self) {
         let mut ephemeral = 0;
         let mut live = 0;
         let mut fills = std::collections::HashMap::new();
+        let mut bits = std::collections::HashMap::<ExtentRef, u64>::new();
         for (id, slot) in self.slots() {
             live += 1;
-            let value = self.slots[id as usize].value;
-            if value & FILL != 0 {
-                *fills.entry(value & !FILL).or_insert(0) += 1;
+            let s = self.slots[id as usize];
+            if s.value & FILL != 0 {
+                *fills.entry(s.value & !FILL).or_insert(0) += 1;
             }
+            *bits.entry(s.extent()).or_default() |= 1 << s.position();
             let hash = key_hash(&slot.key);
             assert_eq!(self.lookup(&slot.key, hash).map(|(i, _)| i), Some(id), "{:?}", slot.key);
             if !slot.persistent {
@@ -374,29 +374,15 @@ impl Shard {
             }
         }
         assert_eq!(live, self.index.len(), "index and slots disagree");
-        let (slots, objects) = (&self.slots, &self.objects);
-        self.index.validate(|x| key_hash(&key_of(slots, objects, x)));
+        let (slots, extents) = (&self.slots, &self.extents);
+        self.index.validate(|x| key_hash(&key_of(slots, extents, x)));
         assert_eq!(live + self.free_slots.len(), self.slots.len(), "slot free list drifted");
-        self.objects.validate();
+        self.extents.validate();
         self.fills.validate(&fills);
-        let mut listed = 0;
-        for (r, o) in self.objects.live() {
-            let mut prev = NIL;
-            let mut id = o.head;
-            let mut pages = 0;
-            while id != NIL {
-                let s = &self.slots[id as usize];
-                assert!(!s.is_free(), "free slot {id} in the list of object {r}");
-                assert_eq!((s.object, s.prev), (r, prev), "slot {id}: broken list of object {r}");
-                pages += 1;
-                assert!(pages <= o.pages, "object {r}: list longer than its count (a cycle?)");
-                prev = id;
-                id = s.next;
-            }
-            assert_eq!(pages, o.pages, "object {r}: list and count disagree");
-            listed += pages as usize;
+        assert_eq!(bits.len(), self.extents.len(), "extents without a slot");
+        for (r, pages) in bits {
+            assert_eq!(self.extents.get(r).pages, pages, "extent {r}: bitmap and slots disagree");
         }
-        assert_eq!(listed, live, "object lists and slots disagree");
         assert_eq!(ephemeral, self.policy.len(), "policy tracks the wrong number of pages");
         self.policy.validate();
     }
@@ -412,8 +398,8 @@ mod tests {
     }
 
     #[test]
-    fn a_stored_slot_takes_24_bytes_and_round_trips() {
-        assert_eq!(std::mem::size_of::<Packed>(), 24);
+    fn a_stored_slot_takes_8_bytes_and_round_trips() {
+        assert_eq!(std::mem::size_of::<Packed>(), 8);
         let mut shard = Shard::new(Box::new(Lru::new()));
         let key = PageKey::new(PoolId(7), u64::MAX, 3);
         for (value, persistent) in
