@@ -147,6 +147,14 @@ fn lone_key(pool: fallow_core::PoolId, i: u64) -> PageKey {
     PageKey::new(pool, i, 0)
 }
 
+/// The key of page `i` when the cache holds a tenth of one large volume, scattered: one
+/// page in each ten consecutive indexes, at a position that varies, so a run of 64 indexes
+/// holds ~6.4 cached pages and its extent is shared by few.
+fn tenth_key(pool: fallow_core::PoolId, i: u64) -> PageKey {
+    let spread = (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % 10;
+    PageKey::new(pool, 0, i * 10 + spread)
+}
+
 /// (a), run in a child process: prints one `RESULT` line for the parent.
 fn metadata_case(sizes: Sizes, kind: &str) {
     let (spec, key_of, passes): (_, fn(_, _) -> _, _) = match kind {
@@ -155,6 +163,7 @@ fn metadata_case(sizes: Sizes, kind: &str) {
         // A cache in its steady state: it has evicted twice its size, so its tables have
         // seen as many removals as inserts.
         "ephemeral-churn" => (PoolSpec::ephemeral(), key, 3),
+        "ephemeral-tenth" => (PoolSpec::ephemeral(), tenth_key, 1),
         _ => (PoolSpec::ephemeral(), key, 1),
     };
     let (before, anon_before) = (rss_bytes(), status_bytes("RssAnon:"));
@@ -193,7 +202,8 @@ fn metadata_child(sizes: Sizes, kind: &str) -> Vec<(String, usize)> {
 
 fn metadata(sizes: Sizes) {
     let mut rows = Vec::new();
-    for kind in ["ephemeral", "ephemeral-churn", "persistent", "persistent-lone"] {
+    for kind in ["ephemeral", "ephemeral-churn", "ephemeral-tenth", "persistent", "persistent-lone"]
+    {
         let r = metadata_child(sizes, kind);
         let get = |k: &str| r.iter().find(|(n, _)| n == k).map_or(0, |(_, v)| *v);
         let pages = get("pages").max(1);
@@ -214,7 +224,8 @@ fn metadata(sizes: Sizes) {
         sizes.metadata_budget / MIB
     );
     println!(
-        "Pages are 1024 to an object, except in `persistent-lone`: one page per object. \
+        "Pages are 1024 to an object, except in `persistent-lone`: one page per object, and \
+         `ephemeral-tenth`: a tenth of one volume's pages, one in each ten indexes. \
          `ephemeral-churn` put three times as many pages as fit (the cache's steady state).\n"
     );
     println!("| pool | pages | mapped MiB | self-reported B/page | RSS delta − page bytes, B/page | RssAnon delta − page bytes, B/page | ≤ 32 B/page |");

@@ -460,6 +460,14 @@ mod tests {
     use crate::EngineBuilder;
 
     #[test]
+    fn a_shard_never_takes_more_entries_than_its_extent_ids_can_name() {
+        assert_eq!(entry_limit(1000, 4), 4000);
+        let frames_per_shard = MAX_BUDGET_BYTES / PAGE_SIZE;
+        assert_eq!(entry_limit(frames_per_shard, 4), crate::shard::MAX_PAGES);
+        assert_eq!(entry_limit(usize::MAX, 4), crate::shard::MAX_PAGES, "no overflow");
+    }
+
+    #[test]
     fn runs_spread_over_every_shard_and_a_runs_pages_share_one() {
         let e = Engine::new(EngineBuilder::new(1 << 20).shards(8).build().unwrap());
         let shard_of = |object, index| e.inner().shard_of(&PageKey::new(PoolId(0), object, index));

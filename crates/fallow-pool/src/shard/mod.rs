@@ -443,6 +443,43 @@ mod tests {
     }
 
     #[test]
+    fn scattered_pages_share_extents_and_the_last_one_out_leaves_none() {
+        // Pages of two pools' objects, dense and scattered, removed in an order unrelated to
+        // the order they came in, with evictions between.
+        let mut shard = Shard::new(Box::new(Lru::new()));
+        let mut keys = Vec::new();
+        for i in 0..3000u64 {
+            let (object, index) = match i % 3 {
+                0 => (i % 5, i),
+                1 => (7, i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20),
+                _ => (u64::MAX - i % 2, u64::MAX - i),
+            };
+            let s = slot(1 + (i % 2) as u32, object, index, Value::Content(i as u32));
+            if shard.lookup(&s.key, key_hash(&s.key)).is_none() {
+                shard.insert(s, key_hash(&s.key));
+                keys.push(s.key);
+            }
+        }
+        shard.validate();
+        assert!(shard.extents.len() < keys.len(), "dense runs share extents");
+        for _ in 0..500 {
+            let gone = shard.evict_one().expect("pages to evict");
+            keys.retain(|k| *k != gone.key);
+        }
+        shard.validate();
+        keys.sort_by_key(key_hash);
+        for (n, key) in keys.iter().enumerate() {
+            let (id, _) = shard.lookup(key, key_hash(key)).expect("a page still here");
+            shard.remove(id);
+            if n % 500 == 0 {
+                shard.validate();
+            }
+        }
+        shard.validate();
+        assert_eq!((shard.len(), shard.extents.len()), (0, 0), "nothing left behind");
+    }
+
+    #[test]
     fn object_and_pool_walks_find_exactly_their_pages() {
         let mut shard = Shard::new(Box::new(Lru::new()));
         let mut ids = std::collections::HashMap::new();
