@@ -78,9 +78,14 @@ const BITS_PER_KEY: u32 = 6;
 /// A key is one 64-bit block per generation with [`BITS_PER_KEY`] bits set, so a lookup
 /// reads one word per generation. No false negatives for the newest `len / 2` keys; keys
 /// older than `len` insertions are forgotten.
+///
+/// The bits are allocated at the first insertion, not when sized: a cache that never
+/// evicts from its small queue (a persistent pool's shard, a cache not yet full) has
+/// nothing to remember and pays nothing for it.
 #[derive(Debug, Default)]
 struct RecentFilter {
-    /// `GENERATIONS` filters of `words` words each, back to back.
+    /// `GENERATIONS` filters of `words` words each, back to back; empty until the first
+    /// insertion.
     bits: Vec<u64>,
     words: usize,
     /// The generation taking insertions.
@@ -97,7 +102,7 @@ impl RecentFilter {
         let words = (capacity * FILTER_BITS_PER_PAGE).div_ceil(64 * GENERATIONS).max(1);
         if words != self.words {
             self.words = words;
-            self.bits = vec![0; words * GENERATIONS];
+            self.bits = Vec::new();
             self.newest = 0;
             self.count = 0;
         }
@@ -121,6 +126,9 @@ impl RecentFilter {
     }
 
     fn insert(&mut self, hash: u64) {
+        if self.bits.is_empty() {
+            self.bits = vec![0; self.words * GENERATIONS];
+        }
         if self.count >= self.span {
             // Age: the oldest generation is cleared and takes the next insertions.
             self.newest = (self.newest + 1) % GENERATIONS;
@@ -134,6 +142,9 @@ impl RecentFilter {
     }
 
     fn contains(&self, hash: u64) -> bool {
+        if self.bits.is_empty() {
+            return false;
+        }
         let (block, mask) = self.locate(hash);
         (0..GENERATIONS).any(|g| self.bits[g * self.words + block] & mask == mask)
     }
@@ -143,7 +154,8 @@ impl RecentFilter {
     }
 
     fn validate(&self) {
-        assert_eq!(self.bits.len(), self.words * GENERATIONS, "ghost filter size drifted");
+        let len = self.bits.len();
+        assert!(len == 0 || len == self.words * GENERATIONS, "ghost filter size drifted");
         assert!(self.newest < GENERATIONS && self.count <= self.span, "ghost filter ring");
     }
 }
@@ -556,6 +568,23 @@ mod tests {
     }
 
     #[test]
+    fn the_ghost_filter_takes_no_memory_until_something_is_evicted_from_small() {
+        let mut p = FixedShare::new(4096, 0.1);
+        for id in 0..4096 {
+            p.insert(id, hash(u64::from(id)));
+        }
+        assert_eq!(p.ghost.heap_bytes(), 0, "a cache that has not evicted remembers nothing");
+        assert!(!p.ghost.contains(hash(1)));
+        for id in 4096..4200 {
+            let victim = p.pop_victim().expect("a page to evict");
+            p.evicted(hash(u64::from(victim)));
+            p.insert(id, hash(u64::from(id)));
+        }
+        assert_eq!(p.ghost.heap_bytes(), 4096, "1 byte per page of capacity, once in use");
+        p.validate();
+    }
+
+    #[test]
     fn state_is_two_bytes_per_page_beyond_the_links() {
         // Links (8 B per slot) would live in the index entry; the rest is 1 state byte per
         // slot and 1 filter byte per page of capacity.
@@ -563,6 +592,9 @@ mod tests {
         for id in 0..4096 {
             p.insert(id, hash(u64::from(id)));
         }
+        let victim = p.pop_victim().expect("a page to evict");
+        p.evicted(hash(u64::from(victim)));
+        p.insert(victim, hash(1 << 40));
         let beyond_links = p.heap_bytes() - p.queues.links_heap_bytes();
         assert!(beyond_links <= 2 * 4096 + 64, "{beyond_links} B for 4096 pages");
     }
