@@ -6,8 +6,8 @@
 //! that name it; it is freed when the last one goes.
 //!
 //! ```text
-//!  index entry ──ContentId──▶ Content { place: Frame(f) | Compressed | Dead, refs, crc, hash }
-//!                                          │
+//!  index entry ──ContentId──▶ Content { tag, place: Frame(f) | Compressed | Dead, crc }
+//!                             meta[id]: flags, refs (1 unless shared; a map entry if so)
 //!  dedup: hash(domain, bytes) ──▶ ContentId    owner[f] = ContentId (for compaction)
 //! ```
 //!
@@ -25,7 +25,6 @@
 
 use std::collections::HashMap;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use fallow_core::PAGE_SIZE;
 
@@ -33,8 +32,10 @@ use crate::arena::{Arena, ArenaFull, FrameId, FRAMES_PER_SEGMENT};
 use crate::content::{content_hash, hash_tag, tag_key, Digest};
 use fallow_core::DedupScope;
 
+mod meta;
 mod shrink;
 
+use meta::{Meta, COMPRESSIBLE, HASHED, LIVE, PINNED};
 pub use shrink::ShrinkReport;
 
 /// Content ids, found by their content's hash: the table stores 4 bytes per entry, the
@@ -56,7 +57,7 @@ enum Place {
 }
 
 /// A [`Place`] in 32 bits: a frame id, or one of two markers above every frame id (the
-/// arena stops segment numbers short of them). Keeps a [`Content`] at 20 bytes.
+/// arena stops segment numbers short of them). Keeps a [`Content`] at 12 bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct PackedPlace(u32);
 
@@ -84,15 +85,13 @@ impl PackedPlace {
     }
 }
 
-const PINNED: u8 = 1; // a persistent entry refers to it: never dropped to shrink
-const COMPRESSIBLE: u8 = 2; // its first pool asked for background compression
-const HASHED: u8 = 8; // `hash` is valid and (maybe) in the dedup table
-
 /// A content may be shared by at most this many index entries; an identical page past it
-/// gets a content of its own. Two bytes of count keep a content at 20 bytes, and a page
-/// shared 65 535 times has already saved 256 MiB.
+/// gets a content of its own. Two bytes of count suffice: a page shared 65 535 times has
+/// already saved 256 MiB.
 const MAX_REFS: u16 = u16::MAX;
 
+/// A content's record: 12 bytes. Its flags and reference count are kept beside it
+/// ([`meta`]), one byte for most contents.
 struct Content {
     /// The dedup hash's tag (`hash_tag`: its low 32 bits), valid when `HASHED` is set. The
     /// dedup table finds a content by it ([`Content::key`]); two different pages share a
@@ -102,11 +101,6 @@ struct Content {
     tag: u32,
     place: PackedPlace,
     crc: u32,
-    refs: u16,
-    flags: u8,
-    /// Read since the compressor last looked (its second chance). Atomic because reads
-    /// set it while holding the store lock for reading only, several at once.
-    accessed: AtomicBool,
 }
 
 impl Content {
@@ -257,6 +251,8 @@ pub struct Store {
     /// Frame index → the content in it (`u32::MAX` when free). For compaction.
     owner: Vec<ContentId>,
     contents: Vec<Content>,
+    /// Flags and reference counts, by content id.
+    meta: Meta,
     free_contents: Vec<ContentId>,
     dedup: DedupTable,
     /// Segment number → frames in it whose content is pinned (a persistent page), so a
@@ -287,6 +283,7 @@ impl Store {
             arena: Arena::new(budget_bytes / PAGE_SIZE),
             owner: Vec::new(),
             contents: Vec::new(),
+            meta: Meta::default(),
             free_contents: Vec::new(),
             dedup,
             pinned: Vec::new(),
@@ -328,8 +325,8 @@ impl Store {
         let found = tag
             .and_then(|tag| self.dedup.find(tag_key(tag), |id| contents[id as usize].tag == tag));
         if let Some(id) = found {
-            if self.contents[id as usize].refs < MAX_REFS && self.same_bytes(id, page) {
-                self.contents[id as usize].refs += 1;
+            if self.meta.refs(id) < MAX_REFS && self.same_bytes(id, page) {
+                self.meta.add_ref(id);
                 if opts.pinned {
                     self.pin(id);
                 }
@@ -337,22 +334,17 @@ impl Store {
             }
         }
         let frame = self.arena.alloc()?;
-        let mut flags = 0;
-        if opts.compressible {
-            flags |= COMPRESSIBLE;
-        }
         let content = Content {
             // Not `HASHED` yet: the dedup table gets it when its bytes are there (`publish`).
             tag: tag.unwrap_or(0),
             place: PackedPlace::new(Place::Frame(frame)),
-            refs: 1,
             crc: digest.crc,
-            flags,
-            accessed: AtomicBool::new(opts.compressible),
         };
         let (contents, free) = (&mut self.contents, &mut self.free_contents);
         let expected = self.budget_bytes / PAGE_SIZE;
         let id = crate::dense::place_expecting(contents, free, content, expected);
+        let flags = if opts.compressible { Meta::compressible() } else { 0 };
+        self.meta.start(id, flags, expected);
         self.set_owner(frame, id);
         if opts.pinned {
             self.pin(id);
@@ -390,7 +382,7 @@ impl Store {
             }
             Some(_) => return,
         }
-        self.contents[id as usize].flags |= HASHED;
+        self.meta.set(id, HASHED);
     }
 
     /// [`Store::intern`], filled and published at once: for tests, which hold the store
@@ -433,13 +425,13 @@ impl Store {
         let contents = &self.contents;
         let id = self.dedup.find(key, |id| contents[id as usize].tag == tag)?;
         let c = &self.contents[id as usize];
-        if !self.is_live(id) || c.crc != crc || c.refs == MAX_REFS {
+        if !self.is_live(id) || c.crc != crc || self.meta.refs(id) == MAX_REFS {
             return None;
         }
         if !self.hashes_to(id, hash, scope) {
             return None;
         }
-        self.contents[id as usize].refs += 1;
+        self.meta.add_ref(id);
         if opts.pinned {
             self.pin(id);
         }
@@ -472,9 +464,9 @@ impl Store {
     ) -> Option<usize> {
         let end = from.saturating_add(max).min(self.contents.len());
         for id in from..end {
-            let c = &self.contents[id];
-            if c.flags & HASHED != 0 && c.refs > 0 && self.is_live(id as ContentId) {
-                visit(c.key());
+            let cid = id as ContentId;
+            if self.meta.has(cid, HASHED) && self.meta.has(cid, LIVE) && self.is_live(cid) {
+                visit(self.contents[id].key());
             }
         }
         (end < self.contents.len()).then_some(end)
@@ -490,10 +482,9 @@ impl Store {
 
     /// Marks a content pinned (a persistent entry refers to it), once.
     fn pin(&mut self, id: ContentId) {
-        let c = &mut self.contents[id as usize];
-        if c.flags & PINNED == 0 {
-            c.flags |= PINNED;
-            if let Place::Frame(f) = c.place.get() {
+        if !self.meta.has(id, PINNED) {
+            self.meta.set(id, PINNED);
+            if let Place::Frame(f) = self.contents[id as usize].place.get() {
                 self.pinned[f.segment()] += 1;
             }
         }
@@ -501,7 +492,7 @@ impl Store {
 
     /// Records that a content's frame changes from `from` to `to` (either may be none).
     fn move_pin(&mut self, id: ContentId, from: Option<FrameId>, to: Option<FrameId>) {
-        if self.contents[id as usize].flags & PINNED != 0 {
+        if self.meta.has(id, PINNED) {
             if let Some(f) = from {
                 self.pinned[f.segment()] -= 1;
             }
@@ -543,21 +534,18 @@ impl Store {
             debug_assert!(self.stale_entries > 0, "stale entry of content {id} not counted");
             self.stale_entries = self.stale_entries.saturating_sub(1);
         }
-        let c = &mut self.contents[id as usize];
-        debug_assert!(c.refs > 0, "release of free content {id}");
-        c.refs -= 1;
-        if c.refs == 0 {
+        if self.meta.drop_ref(id) == 0 {
             self.drop_bytes(id);
+            self.meta.forget(id);
             self.free_contents.push(id);
         }
     }
 
     /// Takes a content out of the dedup table: no new page will share it.
     fn unhash(&mut self, id: ContentId) {
-        let c = &mut self.contents[id as usize];
-        if c.flags & HASHED != 0 {
-            c.flags &= !HASHED;
-            self.dedup.remove(c.key(), |i| i == id);
+        if self.meta.has(id, HASHED) {
+            self.meta.clear(id, HASHED);
+            self.dedup.remove(self.contents[id as usize].key(), |i| i == id);
         }
     }
 
@@ -565,7 +553,7 @@ impl Store {
     /// the last reference goes.
     fn drop_bytes(&mut self, id: ContentId) {
         if self.is_live(id) {
-            self.stale_entries += usize::from(self.contents[id as usize].refs);
+            self.stale_entries += usize::from(self.meta.refs(id));
         }
         self.unhash(id);
         let c = &mut self.contents[id as usize];
@@ -604,11 +592,7 @@ impl Store {
                 Located::Copied(c.crc)
             }
         };
-        // Only the compressor reads the bit: set it for compressible pages, and only when it
-        // is clear, so that reading a hot page does not write to its content's cache line.
-        if c.flags & COMPRESSIBLE != 0 && !c.accessed.load(Ordering::Relaxed) {
-            c.accessed.store(true, Ordering::Relaxed);
-        }
+        self.meta.note_read(id);
         located
     }
 
@@ -640,7 +624,7 @@ impl Store {
         }
         self.corruptions += 1;
         tracing::warn!(content = id, "page failed its checksum; reported as a miss");
-        if self.contents[id as usize].refs == 1 {
+        if self.meta.refs(id) == 1 {
             self.drop_bytes(id);
         } else {
             self.unhash(id);
@@ -664,21 +648,21 @@ impl Store {
             }
             let id = (self.hand % n) as ContentId;
             self.hand = (self.hand + 1) % n;
-            let c = &mut self.contents[id as usize];
-            let Place::Frame(frame) = c.place.get() else { continue };
-            if c.refs == 0 || c.flags & COMPRESSIBLE == 0 || !self.arena.is_live(frame) {
+            let Place::Frame(frame) = self.contents[id as usize].place.get() else { continue };
+            let candidate = self.meta.has(id, LIVE) && self.meta.has(id, COMPRESSIBLE);
+            if !candidate || !self.arena.is_live(frame) {
                 continue;
             }
-            if std::mem::replace(c.accessed.get_mut(), false) {
+            if self.meta.take_read(id) {
                 continue;
             }
             let packed = lz4_flex::block::compress(self.arena.bytes(frame));
             // Worth it only if it frees at least an eighth of a frame.
             if packed.len() > PAGE_SIZE - PAGE_SIZE / 8 {
-                c.flags &= !COMPRESSIBLE;
+                self.meta.clear(id, COMPRESSIBLE);
                 continue;
             }
-            c.place = PackedPlace::new(Place::Compressed);
+            self.contents[id as usize].place = PackedPlace::new(Place::Compressed);
             self.move_pin(id, Some(frame), None);
             self.owner[frame.index()] = NO_OWNER;
             self.arena.free(frame);
@@ -712,6 +696,7 @@ impl Store {
         self.arena.heap_bytes()
             + self.owner.capacity() * size_of::<ContentId>()
             + crate::dense::resident_bytes(&self.contents)
+            + self.meta.heap_bytes()
             + self.free_contents.capacity() * size_of::<ContentId>()
             + self.pinned.capacity() * size_of::<u32>()
             + dedup
@@ -728,9 +713,9 @@ impl Store {
         for (id, c) in self.contents.iter().enumerate() {
             let id = id as ContentId;
             let expected = refs.get(&id).copied().unwrap_or(0);
-            let refs = u32::from(c.refs);
+            let refs = u32::from(self.meta.refs(id));
             assert_eq!(refs, expected, "content {id}: refs {refs} but {expected} entries");
-            if c.refs == 0 {
+            if refs == 0 {
                 continue;
             }
             live += 1;
@@ -739,7 +724,7 @@ impl Store {
                     assert_eq!(self.owner[f.index()], id, "frame {f:?} owner mismatch");
                     if self.arena.is_live(f) {
                         assert!(!self.arena.is_free(f), "content {id} in free frame {f:?}");
-                        if c.flags & PINNED != 0 {
+                        if self.meta.has(id, PINNED) {
                             pinned[f.segment()] += 1;
                         }
                     } else {
@@ -751,6 +736,10 @@ impl Store {
             }
         }
         assert_eq!(live, self.contents.len() - self.free_contents.len(), "free list drifted");
+        self.meta.validate(self.contents.len());
+        for &id in &self.free_contents {
+            assert!(!self.meta.has(id, LIVE | PINNED | HASHED), "free content {id} has flags");
+        }
         for (f, &id) in self.owner.iter().enumerate() {
             if id != NO_OWNER {
                 let c = &self.contents[id as usize];
@@ -761,14 +750,15 @@ impl Store {
             .contents
             .iter()
             .enumerate()
-            .filter(|(id, c)| c.refs > 0 && !self.is_live(*id as ContentId))
-            .map(|(_, c)| u32::from(c.refs))
+            .map(|(id, _)| id as ContentId)
+            .filter(|&id| self.meta.has(id, LIVE) && !self.is_live(id))
+            .map(|id| u32::from(self.meta.refs(id)))
             .sum();
         assert_eq!(stale_refs as usize, self.stale_entries, "stale entry count drifted");
         let mut hashes = std::collections::HashSet::new();
         for id in self.dedup.iter() {
             let c = &self.contents[id as usize];
-            assert!(c.refs > 0 && c.flags & HASHED != 0, "stale dedup entry {id}");
+            assert!(self.meta.has(id, LIVE) && self.meta.has(id, HASHED), "stale dedup entry {id}");
             assert!(hashes.insert(c.tag), "two dedup entries for one tag");
             let found = self.dedup.find(c.key(), |o| self.contents[o as usize].tag == c.tag);
             assert_eq!(found, Some(id), "dedup entry {id} cannot be found by its hash");
@@ -822,8 +812,8 @@ mod tests {
     const DOMAIN: DedupScope = DedupScope::Domain(fallow_core::TrustDomain(0));
 
     #[test]
-    fn a_content_takes_16_bytes() {
-        assert_eq!(std::mem::size_of::<Content>(), 16);
+    fn a_content_takes_12_bytes() {
+        assert_eq!(std::mem::size_of::<Content>(), 12);
     }
 
     #[test]

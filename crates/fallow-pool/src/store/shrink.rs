@@ -117,7 +117,7 @@ impl Store {
             if !over(self) {
                 break;
             }
-            if self.contents[id as usize].flags & PINNED == 0 {
+            if !self.meta.has(id, PINNED) {
                 self.drop_bytes(id);
                 self.dropped += 1;
                 report.contents_dropped += 1;
@@ -137,7 +137,7 @@ impl Store {
     ) -> bool {
         for frame in Arena::frames_of(seg) {
             let id = self.owner.get(frame.index()).copied().unwrap_or(NO_OWNER);
-            if id == NO_OWNER || self.contents[id as usize].flags & PINNED == 0 {
+            if id == NO_OWNER || !self.meta.has(id, PINNED) {
                 continue;
             }
             let to = match self.arena.alloc_outside(release) {
@@ -172,7 +172,7 @@ impl Store {
             let id = self.owner[f];
             if id != NO_OWNER
                 && !release.contains(&(f / FRAMES_PER_SEGMENT))
-                && self.contents[id as usize].flags & PINNED == 0
+                && !self.meta.has(id, PINNED)
                 && self.is_live(id)
             {
                 self.drop_bytes(id);
@@ -190,9 +190,7 @@ impl Store {
         Arena::frames_of(seg)
             .filter_map(|f| self.owner.get(f.index()).copied())
             .filter(|&id| id != NO_OWNER)
-            .fold((0, 0), |(frames, refs), id| {
-                (frames + 1, refs + usize::from(self.contents[id as usize].refs))
-            })
+            .fold((0, 0), |(frames, refs), id| (frames + 1, refs + usize::from(self.meta.refs(id))))
     }
 
     /// Drops unpinned pages until no more than `limit` frames are in use.
@@ -200,8 +198,7 @@ impl Store {
         let mut f = 0;
         while self.arena.used() > limit && f < self.owner.len() {
             let id = self.owner[f];
-            if id != NO_OWNER && self.contents[id as usize].flags & PINNED == 0 && self.is_live(id)
-            {
+            if id != NO_OWNER && !self.meta.has(id, PINNED) && self.is_live(id) {
                 self.drop_bytes(id);
                 self.dropped += 1;
                 report.contents_dropped += 1;

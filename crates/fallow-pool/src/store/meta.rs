@@ -1,0 +1,206 @@
+//! A content's flags and reference count, kept beside the content records rather than in
+//! them: one byte per content, and a map entry only for contents that more than one index
+//! entry names.
+//!
+//! Most contents of a cache have exactly one reference (dedup finds a second copy of a
+//! few pages only), so a count in every record would cost 2 bytes, and with the flags and
+//! alignment 4, a third of a 12-byte record, for a number that is almost always 1. Here a
+//! content's references are: 0 when it is not `LIVE`, its entry in `shared` when it is
+//! `SHARED`, else 1.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use super::ContentId;
+
+/// The content is in use (at least one reference).
+pub const LIVE: u8 = 1;
+/// A persistent entry refers to it: never dropped to shrink.
+pub const PINNED: u8 = 2;
+/// Its first pool asked for background compression.
+pub const COMPRESSIBLE: u8 = 4;
+/// Its tag is valid and (maybe) in the dedup table.
+pub const HASHED: u8 = 8;
+/// Two or more references: the count is in `Meta::shared`.
+const SHARED: u8 = 16;
+/// Read since the compressor last looked (its second chance). Set by gets under the
+/// store's read lock, several at once, hence the atomic bytes.
+const ACCESSED: u8 = 32;
+
+/// The flags and reference counts of a store's contents, by content id.
+#[derive(Default)]
+pub struct Meta {
+    bits: Vec<AtomicU8>,
+    shared: HashMap<ContentId, u16>,
+}
+
+impl Meta {
+    /// Starts content `id` (new, or a free id reused) with one reference and `flags`,
+    /// for a store expected to hold `expected` contents ([`crate::dense::grow`]).
+    pub fn start(&mut self, id: ContentId, flags: u8, expected: usize) {
+        let i = id as usize;
+        debug_assert!(i <= self.bits.len(), "content ids are dense");
+        if i == self.bits.len() {
+            crate::dense::grow(&mut self.bits, i + 1, expected);
+            self.bits.push(AtomicU8::new(0));
+        }
+        debug_assert_eq!(self.flags(id) & LIVE, 0, "content {id} started twice");
+        *self.bits[i].get_mut() = LIVE | (flags & (PINNED | COMPRESSIBLE | HASHED | ACCESSED));
+    }
+
+    fn flags(&self, id: ContentId) -> u8 {
+        self.bits[id as usize].load(Ordering::Relaxed)
+    }
+
+    /// True when content `id` has `flag` ([`LIVE`], [`PINNED`], [`COMPRESSIBLE`] or
+    /// [`HASHED`]).
+    pub fn has(&self, id: ContentId, flag: u8) -> bool {
+        self.flags(id) & flag != 0
+    }
+
+    /// Gives content `id` `flag`.
+    pub fn set(&mut self, id: ContentId, flag: u8) {
+        *self.bits[id as usize].get_mut() |= flag;
+    }
+
+    /// Takes `flag` from content `id`.
+    pub fn clear(&mut self, id: ContentId, flag: u8) {
+        *self.bits[id as usize].get_mut() &= !flag;
+    }
+
+    /// The flags a new content starts with to be compressed once cold: compressible, and
+    /// counted as just read, so that the compressor's first pass leaves it.
+    pub const fn compressible() -> u8 {
+        COMPRESSIBLE | ACCESSED
+    }
+
+    /// Notes a read of content `id`, for the compressor: only for compressible contents,
+    /// and only when not noted yet, so that reading a hot page does not write to it.
+    pub fn note_read(&self, id: ContentId) {
+        let bits = &self.bits[id as usize];
+        let now = bits.load(Ordering::Relaxed);
+        if now & COMPRESSIBLE != 0 && now & ACCESSED == 0 {
+            bits.fetch_or(ACCESSED, Ordering::Relaxed);
+        }
+    }
+
+    /// True when content `id` was read since the last call (the compressor's clock hand);
+    /// clears the mark.
+    pub fn take_read(&mut self, id: ContentId) -> bool {
+        let bits = self.bits[id as usize].get_mut();
+        let read = *bits & ACCESSED != 0;
+        *bits &= !ACCESSED;
+        read
+    }
+
+    /// References to content `id`.
+    pub fn refs(&self, id: ContentId) -> u16 {
+        let flags = self.flags(id);
+        if flags & LIVE == 0 {
+            0
+        } else if flags & SHARED != 0 {
+            self.shared[&id]
+        } else {
+            1
+        }
+    }
+
+    /// One more reference to live content `id`; the caller keeps the count below
+    /// `u16::MAX`.
+    pub fn add_ref(&mut self, id: ContentId) {
+        debug_assert!(self.has(id, LIVE), "a reference to free content {id}");
+        if self.has(id, SHARED) {
+            let n = self.shared.get_mut(&id).expect("a shared content is counted");
+            *n += 1;
+        } else {
+            self.set(id, SHARED);
+            self.shared.insert(id, 2);
+        }
+    }
+
+    /// One reference fewer to live content `id`; returns how many are left. At 0 the
+    /// content is no longer `LIVE` but keeps its other flags, for the caller to undo what
+    /// they stand for (the dedup entry, the pinned count) before [`Meta::forget`].
+    pub fn drop_ref(&mut self, id: ContentId) -> u16 {
+        debug_assert!(self.has(id, LIVE), "release of free content {id}");
+        if !self.has(id, SHARED) {
+            self.clear(id, LIVE);
+            return 0;
+        }
+        let n = self.shared.get_mut(&id).expect("a shared content is counted");
+        *n -= 1;
+        let left = *n;
+        if left == 1 {
+            self.shared.remove(&id);
+            self.clear(id, SHARED);
+        }
+        left
+    }
+
+    /// Clears the flags of content `id`, which has no reference left.
+    pub fn forget(&mut self, id: ContentId) {
+        debug_assert!(!self.has(id, LIVE | SHARED), "content {id} forgotten while in use");
+        *self.bits[id as usize].get_mut() = 0;
+    }
+
+    /// Heap bytes: a byte per content and the shared counts' map.
+    pub fn heap_bytes(&self) -> usize {
+        let entry = std::mem::size_of::<(ContentId, u16)>() + 1;
+        crate::dense::resident_bytes(&self.bits) + self.shared.capacity() * entry
+    }
+
+    /// Panics unless a byte per content is kept and the shared counts are exactly those
+    /// of the `SHARED` contents, each at least 2.
+    pub fn validate(&self, contents: usize) {
+        assert_eq!(self.bits.len(), contents, "a flag byte per content");
+        let shared = (0..contents as ContentId).filter(|&id| self.has(id, SHARED)).count();
+        assert_eq!(shared, self.shared.len(), "shared counts and SHARED flags disagree");
+        for (&id, &n) in &self.shared {
+            assert!(n >= 2 && self.has(id, SHARED | LIVE), "content {id}: shared count {n}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_go_to_the_map_only_while_shared() {
+        let mut m = Meta::default();
+        m.start(0, PINNED, 8);
+        m.start(1, 0, 8);
+        assert_eq!((m.refs(0), m.refs(1)), (1, 1));
+        assert!(m.has(0, PINNED) && !m.has(1, PINNED));
+        m.add_ref(0);
+        m.add_ref(0);
+        assert_eq!(m.refs(0), 3);
+        assert_eq!(m.shared.len(), 1);
+        m.validate(2);
+        assert_eq!(m.drop_ref(0), 2);
+        assert_eq!(m.drop_ref(0), 1);
+        assert!(m.shared.is_empty(), "back to one reference: no map entry");
+        assert_eq!(m.drop_ref(0), 0);
+        assert_eq!(m.refs(0), 0);
+        assert!(m.has(0, PINNED), "kept for the caller to unpin");
+        m.forget(0);
+        assert!(!m.has(0, LIVE | PINNED), "a free content has no flag");
+        m.validate(2);
+        m.start(0, HASHED, 8);
+        assert_eq!(m.refs(0), 1);
+        assert!(m.has(0, HASHED));
+    }
+
+    #[test]
+    fn a_read_is_noted_once_and_only_for_compressible_contents() {
+        let mut m = Meta::default();
+        m.start(0, Meta::compressible(), 2);
+        m.start(1, 0, 2);
+        assert!(m.take_read(0), "a new compressible content counts as read");
+        assert!(!m.take_read(0));
+        m.note_read(0);
+        m.note_read(1);
+        assert!(m.take_read(0));
+        assert!(!m.take_read(1), "not compressible: not noted");
+    }
+}
