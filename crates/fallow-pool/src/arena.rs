@@ -38,9 +38,10 @@ pub const SEGMENT_BYTES: usize = 2 << 20;
 /// Frames per segment.
 pub const FRAMES_PER_SEGMENT: usize = SEGMENT_BYTES / PAGE_SIZE;
 const SEGMENT_SHIFT: u32 = FRAMES_PER_SEGMENT.trailing_zeros();
-/// Segment numbers that fit in a 32-bit frame id, less the last one, whose top frame ids
-/// the store uses as markers (`store::PackedPlace`).
-const MAX_SEGMENTS: usize = (1 << (32 - SEGMENT_SHIFT)) - 1;
+/// Segment numbers whose frame ids stay below 2³⁰: a content's id is its frame's number,
+/// and ids from 2³⁰ up are the store's virtual ids (`store/by_id.rs`). 4 TiB of numbers,
+/// twice the largest budget, so that released segments still draining leave room.
+const MAX_SEGMENTS: usize = 1 << (30 - SEGMENT_SHIFT);
 
 /// One 4 KiB frame: a segment number and a slot inside it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -69,11 +70,6 @@ impl FrameId {
     /// An id from [`FrameId::raw`].
     pub fn from_raw(raw: u32) -> Self {
         Self(raw)
-    }
-
-    /// The frame's position in per-frame tables.
-    pub fn index(self) -> usize {
-        self.0 as usize
     }
 }
 

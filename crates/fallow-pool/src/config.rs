@@ -21,9 +21,11 @@ pub enum ConfigError {
     BudgetTooLarge(usize),
 }
 
-/// The most one engine can lend: frame ids are 32 bits, and half of them are kept free so
-/// that segment numbers released by a shrink can drain before they are reused.
-pub const MAX_BUDGET_BYTES: usize = (1 << 31) * fallow_core::PAGE_SIZE;
+/// The most one engine can lend, 2 TiB: frame numbers are content ids and stay below 2³⁰
+/// (`arena.rs`), and half of them are kept free so that segment numbers released by a
+/// shrink can drain before they are reused. It is also what 8 index shards can hold
+/// (`shard::MAX_PAGES`).
+pub const MAX_BUDGET_BYTES: usize = (1 << 29) * fallow_core::PAGE_SIZE;
 
 /// A validated engine configuration.
 #[derive(Debug, Clone)]

@@ -38,7 +38,7 @@ pub enum SizeParseError {
         unit: String,
     },
     /// More than one engine can address.
-    #[error("{0:?} is more than the {MAX_BUDGET_BYTES} bytes (8 TiB) one node can lend")]
+    #[error("{0:?} is more than the {MAX_BUDGET_BYTES} bytes (2 TiB) one node can lend")]
     TooLarge(String),
 }
 
@@ -67,7 +67,7 @@ impl fmt::Display for LendMode {
 /// Reads a size in bytes: a number (decimals allowed) and an optional unit among `B`, `K`,
 /// `M`, `G`, `T`, each optionally followed by `B` or `iB`, in any case, with or without a
 /// space: `512M`, `4GiB`, `1g`, `1.5 TiB`, `4096`. Units are powers of 1024 (`1K` is 1024
-/// bytes, `1GB` is 2³⁰ bytes). A fraction of a byte is rounded down. Sizes above the 8 TiB
+/// bytes, `1GB` is 2³⁰ bytes). A fraction of a byte is rounded down. Sizes above the 2 TiB
 /// one engine can address are refused.
 pub fn parse_size(s: &str) -> Result<u64, SizeParseError> {
     let input = s.trim();
@@ -144,7 +144,7 @@ mod tests {
             (".5K", 512),
             ("2.", 2),
             ("1.0000000001K", 1024),
-            ("8T", 8 << 40),
+            ("2T", 2 << 40),
         ] {
             assert_eq!(parse_size(text), Ok(bytes), "{text:?}");
         }
@@ -162,7 +162,7 @@ mod tests {
         assert!(matches!(parse_size("."), Err(SizeParseError::BadNumber(_))));
         assert!(matches!(parse_size("1.2.3M"), Err(SizeParseError::BadNumber(_))));
         assert!(matches!(parse_size("-1G"), Err(SizeParseError::UnknownUnit { .. })));
-        assert!(matches!(parse_size("9T"), Err(SizeParseError::TooLarge(_))));
+        assert!(matches!(parse_size("3T"), Err(SizeParseError::TooLarge(_))));
         assert!(matches!(
             parse_size("99999999999999999999999999999999999999999T"),
             Err(SizeParseError::TooLarge(_))

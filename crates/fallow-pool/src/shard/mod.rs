@@ -93,7 +93,7 @@ struct Packed {
 }
 
 /// The bit of `Packed::value` that makes it a fill id. Content ids stay below it
-/// ([`crate::store::MAX_CONTENTS`]).
+/// (frame numbers below 2³⁰, then virtual ids: `store/by_id.rs`).
 const FILL: u32 = 1 << 31;
 
 impl Packed {

@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
 
+use super::by_id::ById;
 use super::ContentId;
 
 /// The content is in use (at least one reference).
@@ -26,46 +27,54 @@ const SHARED: u8 = 16;
 /// Read since the compressor last looked (its second chance). Set by gets under the
 /// store's read lock, several at once, hence the atomic bytes.
 const ACCESSED: u8 = 32;
+/// Its bytes are not in the frame its id names: the store's exception map says where
+/// (`places.rs`).
+pub const EXCEPTION: u8 = 64;
+/// Its bytes are gone (found corrupt, or dropped); reads miss.
+pub const DEAD: u8 = 128;
 
 /// The flags and reference counts of a store's contents, by content id.
 #[derive(Default)]
 pub struct Meta {
-    bits: Vec<AtomicU8>,
+    bits: ById<AtomicU8>,
     shared: HashMap<ContentId, u16>,
 }
 
 impl Meta {
-    /// Starts content `id` (new, or a free id reused) with one reference and `flags`,
-    /// for a store expected to hold `expected` contents ([`crate::dense::grow`]).
-    pub fn start(&mut self, id: ContentId, flags: u8, expected: usize) {
-        let i = id as usize;
-        debug_assert!(i <= self.bits.len(), "content ids are dense");
-        if i == self.bits.len() {
-            crate::dense::grow(&mut self.bits, i + 1, expected);
-            self.bits.push(AtomicU8::new(0));
-        }
-        debug_assert_eq!(self.flags(id) & LIVE, 0, "content {id} started twice");
-        *self.bits[i].get_mut() = LIVE | (flags & (PINNED | COMPRESSIBLE | HASHED | ACCESSED));
+    /// Makes room for the ids of frames below `frames` ([`ById::cover_frames`]).
+    pub fn cover_frames(&mut self, frames: usize, expected: usize) {
+        self.bits.cover_frames(frames, expected);
+    }
+
+    /// Makes room for one more virtual id, and returns it.
+    pub fn push_virtual(&mut self) -> ContentId {
+        self.bits.push_virtual()
+    }
+
+    /// Starts content `id` (free until now) with one reference and `flags`.
+    pub fn start(&mut self, id: ContentId, flags: u8) {
+        debug_assert_eq!(self.flags(id), 0, "content {id} started while in use");
+        let kept = PINNED | COMPRESSIBLE | HASHED | ACCESSED | EXCEPTION;
+        *self.bits[id].get_mut() = LIVE | (flags & kept);
     }
 
     fn flags(&self, id: ContentId) -> u8 {
-        self.bits[id as usize].load(Ordering::Relaxed)
+        self.bits[id].load(Ordering::Relaxed)
     }
 
-    /// True when content `id` has `flag` ([`LIVE`], [`PINNED`], [`COMPRESSIBLE`] or
-    /// [`HASHED`]).
+    /// True when content `id` has `flag` (any of them, if several).
     pub fn has(&self, id: ContentId, flag: u8) -> bool {
         self.flags(id) & flag != 0
     }
 
     /// Gives content `id` `flag`.
     pub fn set(&mut self, id: ContentId, flag: u8) {
-        *self.bits[id as usize].get_mut() |= flag;
+        *self.bits[id].get_mut() |= flag;
     }
 
     /// Takes `flag` from content `id`.
     pub fn clear(&mut self, id: ContentId, flag: u8) {
-        *self.bits[id as usize].get_mut() &= !flag;
+        *self.bits[id].get_mut() &= !flag;
     }
 
     /// The flags a new content starts with to be compressed once cold: compressible, and
@@ -77,7 +86,7 @@ impl Meta {
     /// Notes a read of content `id`, for the compressor: only for compressible contents,
     /// and only when not noted yet, so that reading a hot page does not write to it.
     pub fn note_read(&self, id: ContentId) {
-        let bits = &self.bits[id as usize];
+        let bits = &self.bits[id];
         let now = bits.load(Ordering::Relaxed);
         if now & COMPRESSIBLE != 0 && now & ACCESSED == 0 {
             bits.fetch_or(ACCESSED, Ordering::Relaxed);
@@ -87,7 +96,7 @@ impl Meta {
     /// True when content `id` was read since the last call (the compressor's clock hand);
     /// clears the mark.
     pub fn take_read(&mut self, id: ContentId) -> bool {
-        let bits = self.bits[id as usize].get_mut();
+        let bits = self.bits[id].get_mut();
         let read = *bits & ACCESSED != 0;
         *bits &= !ACCESSED;
         read
@@ -140,20 +149,33 @@ impl Meta {
     /// Clears the flags of content `id`, which has no reference left.
     pub fn forget(&mut self, id: ContentId) {
         debug_assert!(!self.has(id, LIVE | SHARED), "content {id} forgotten while in use");
-        *self.bits[id as usize].get_mut() = 0;
+        *self.bits[id].get_mut() = 0;
     }
 
     /// Heap bytes: a byte per content and the shared counts' map.
     pub fn heap_bytes(&self) -> usize {
         let entry = std::mem::size_of::<(ContentId, u16)>() + 1;
-        crate::dense::resident_bytes(&self.bits) + self.shared.capacity() * entry
+        self.bits.resident_bytes() + self.shared.capacity() * entry
     }
 
-    /// Panics unless a byte per content is kept and the shared counts are exactly those
-    /// of the `SHARED` contents, each at least 2.
-    pub fn validate(&self, contents: usize) {
-        assert_eq!(self.bits.len(), contents, "a flag byte per content");
-        let shared = (0..contents as ContentId).filter(|&id| self.has(id, SHARED)).count();
+    /// True when `id` has a flag byte.
+    pub fn covers(&self, id: ContentId) -> bool {
+        self.bits.covers(id)
+    }
+
+    /// Every id with a flag byte.
+    pub fn ids(&self) -> impl Iterator<Item = ContentId> + '_ {
+        self.bits.ids()
+    }
+
+    /// Panics unless the shared counts are exactly those of the `SHARED` contents, each at
+    /// least 2, and only live contents have flags.
+    pub fn validate(&self) {
+        let shared = self.ids().filter(|&id| self.has(id, SHARED)).count();
+        for id in self.ids() {
+            let flags = self.flags(id);
+            assert!(flags == 0 || flags & LIVE != 0, "free content {id} has flags {flags:#x}");
+        }
         assert_eq!(shared, self.shared.len(), "shared counts and SHARED flags disagree");
         for (&id, &n) in &self.shared {
             assert!(n >= 2 && self.has(id, SHARED | LIVE), "content {id}: shared count {n}");
@@ -168,15 +190,16 @@ mod tests {
     #[test]
     fn counts_go_to_the_map_only_while_shared() {
         let mut m = Meta::default();
-        m.start(0, PINNED, 8);
-        m.start(1, 0, 8);
+        m.cover_frames(2, 8);
+        m.start(0, PINNED);
+        m.start(1, 0);
         assert_eq!((m.refs(0), m.refs(1)), (1, 1));
         assert!(m.has(0, PINNED) && !m.has(1, PINNED));
         m.add_ref(0);
         m.add_ref(0);
         assert_eq!(m.refs(0), 3);
         assert_eq!(m.shared.len(), 1);
-        m.validate(2);
+        m.validate();
         assert_eq!(m.drop_ref(0), 2);
         assert_eq!(m.drop_ref(0), 1);
         assert!(m.shared.is_empty(), "back to one reference: no map entry");
@@ -185,8 +208,8 @@ mod tests {
         assert!(m.has(0, PINNED), "kept for the caller to unpin");
         m.forget(0);
         assert!(!m.has(0, LIVE | PINNED), "a free content has no flag");
-        m.validate(2);
-        m.start(0, HASHED, 8);
+        m.validate();
+        m.start(0, HASHED);
         assert_eq!(m.refs(0), 1);
         assert!(m.has(0, HASHED));
     }
@@ -194,8 +217,9 @@ mod tests {
     #[test]
     fn a_read_is_noted_once_and_only_for_compressible_contents() {
         let mut m = Meta::default();
-        m.start(0, Meta::compressible(), 2);
-        m.start(1, 0, 2);
+        m.cover_frames(2, 2);
+        m.start(0, Meta::compressible());
+        m.start(1, 0);
         assert!(m.take_read(0), "a new compressible content counts as read");
         assert!(!m.take_read(0));
         m.note_read(0);

@@ -2,13 +2,15 @@
 //! dedup table that lets identical pages share one frame.
 //!
 //! Index entries name a [`ContentId`], never a frame, so compaction and compression can
-//! move bytes by updating one place. A content is reference-counted by the index entries
-//! that name it; it is freed when the last one goes.
+//! move bytes without touching them. A content's id is the number of the frame it was
+//! first stored in (so its place costs nothing), unless that number was taken; moved and
+//! compressed contents keep their id and become exceptions (`places.rs`). A content is
+//! reference-counted by the index entries that name it; it is freed when the last one goes.
 //!
 //! ```text
-//!  index entry ──ContentId──▶ Content { tag, place: Frame(f) | Compressed | Dead, crc }
+//!  index entry ──ContentId──▶ Content { tag, crc }     bytes: frame `id`, or exceptions[id]
 //!                             meta[id]: flags, refs (1 unless shared; a map entry if so)
-//!  dedup: hash(domain, bytes) ──▶ ContentId    owner[f] = ContentId (for compaction)
+//!  dedup: hash(domain, bytes) ──▶ ContentId    owner of frame f: exceptions, else id f
 //! ```
 //!
 //! A content loses its bytes when its checksum fails (it leaves the dedup table at once, and
@@ -32,10 +34,14 @@ use crate::arena::{Arena, ArenaFull, FrameId, FRAMES_PER_SEGMENT};
 use crate::content::{content_hash, hash_tag, tag_key, Digest};
 use fallow_core::DedupScope;
 
+mod by_id;
 mod meta;
+mod places;
 mod shrink;
 
+use by_id::{ById, VIRTUAL_BASE};
 use meta::{Meta, COMPRESSIBLE, HASHED, LIVE, PINNED};
+use places::Exceptions;
 pub use shrink::ShrinkReport;
 
 /// Content ids, found by their content's hash: the table stores 4 bytes per entry, the
@@ -48,7 +54,7 @@ pub type ContentId = u32;
 
 /// Where a content's bytes are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Place {
+pub(crate) enum Place {
     Frame(FrameId),
     /// lz4 bytes in `Store::blobs`.
     Compressed,
@@ -56,42 +62,15 @@ enum Place {
     Dead,
 }
 
-/// A [`Place`] in 32 bits: a frame id, or one of two markers above every frame id (the
-/// arena stops segment numbers short of them). Keeps a [`Content`] at 12 bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct PackedPlace(u32);
-
-const PLACE_COMPRESSED: u32 = u32::MAX;
-const PLACE_DEAD: u32 = u32::MAX - 1;
-
-impl PackedPlace {
-    fn new(place: Place) -> Self {
-        Self(match place {
-            Place::Frame(f) => {
-                debug_assert!(f.raw() < PLACE_DEAD, "frame id {f:?} collides with a marker");
-                f.raw()
-            }
-            Place::Compressed => PLACE_COMPRESSED,
-            Place::Dead => PLACE_DEAD,
-        })
-    }
-
-    fn get(self) -> Place {
-        match self.0 {
-            PLACE_COMPRESSED => Place::Compressed,
-            PLACE_DEAD => Place::Dead,
-            raw => Place::Frame(FrameId::from_raw(raw)),
-        }
-    }
-}
-
 /// A content may be shared by at most this many index entries; an identical page past it
 /// gets a content of its own. Two bytes of count suffice: a page shared 65 535 times has
 /// already saved 256 MiB.
 const MAX_REFS: u16 = u16::MAX;
 
-/// A content's record: 12 bytes. Its flags and reference count are kept beside it
-/// ([`meta`]), one byte for most contents.
+/// A content's record: 8 bytes. Its place is its id's frame unless an exception says
+/// otherwise ([`places`]); its flags and reference count are kept beside it ([`meta`]),
+/// one byte for most contents.
+#[derive(Default)]
 struct Content {
     /// The dedup hash's tag (`hash_tag`: its low 32 bits), valid when `HASHED` is set. The
     /// dedup table finds a content by it ([`Content::key`]); two different pages share a
@@ -99,7 +78,6 @@ struct Content {
     /// [`Store::share`], which has no bytes, recomputes the stored page's full hash. Keeping
     /// 4 bytes of the hash instead of 16 is three quarters of a content.
     tag: u32,
-    place: PackedPlace,
     crc: u32,
 }
 
@@ -248,12 +226,16 @@ unsafe fn stream_page(src: *const u8, dst: *mut u8) {
 /// Page bytes, their checksums and the dedup table.
 pub struct Store {
     arena: Arena,
-    /// Frame index → the content in it (`u32::MAX` when free). For compaction.
-    owner: Vec<ContentId>,
-    contents: Vec<Content>,
+    /// Records by content id (frame numbers, then virtual ids: `by_id.rs`).
+    contents: ById<Content>,
     /// Flags and reference counts, by content id.
     meta: Meta,
-    free_contents: Vec<ContentId>,
+    /// Contents whose bytes are not in their id's frame.
+    exceptions: Exceptions,
+    /// Virtual ids no content holds, for reuse.
+    free_virtual: Vec<ContentId>,
+    /// Contents with at least one reference.
+    live_contents: usize,
     dedup: DedupTable,
     /// Segment number → frames in it whose content is pinned (a persistent page), so a
     /// shrink can pick the segments that are cheapest to release.
@@ -261,7 +243,7 @@ pub struct Store {
     blobs: HashMap<ContentId, Box<[u8]>>,
     blob_bytes: usize,
     budget_bytes: usize,
-    /// The compressor's clock hand over `contents`.
+    /// The compressor's clock hand over content ids (a position in `contents`).
     hand: usize,
     /// Where a shrink looks next for an unpinned page to drop (a hand over frames).
     cursor: usize,
@@ -272,8 +254,6 @@ pub struct Store {
     stale_entries: usize,
 }
 
-const NO_OWNER: ContentId = ContentId::MAX;
-
 impl Store {
     /// An empty store that may hold `budget_bytes` of page data.
     pub fn new(budget_bytes: usize) -> Self {
@@ -281,10 +261,11 @@ impl Store {
         dedup.expect(budget_bytes / PAGE_SIZE);
         Self {
             arena: Arena::new(budget_bytes / PAGE_SIZE),
-            owner: Vec::new(),
-            contents: Vec::new(),
+            contents: ById::default(),
             meta: Meta::default(),
-            free_contents: Vec::new(),
+            exceptions: Exceptions::default(),
+            free_virtual: Vec::new(),
+            live_contents: 0,
             dedup,
             pinned: Vec::new(),
             blobs: HashMap::new(),
@@ -322,8 +303,7 @@ impl Store {
     ) -> Result<Interned, ArenaFull> {
         let tag = digest.hash.map(hash_tag);
         let contents = &self.contents;
-        let found = tag
-            .and_then(|tag| self.dedup.find(tag_key(tag), |id| contents[id as usize].tag == tag));
+        let found = tag.and_then(|tag| self.dedup.find(tag_key(tag), |id| contents[id].tag == tag));
         if let Some(id) = found {
             if self.meta.refs(id) < MAX_REFS && self.same_bytes(id, page) {
                 self.meta.add_ref(id);
@@ -334,18 +314,14 @@ impl Store {
             }
         }
         let frame = self.arena.alloc()?;
-        let content = Content {
-            // Not `HASHED` yet: the dedup table gets it when its bytes are there (`publish`).
-            tag: tag.unwrap_or(0),
-            place: PackedPlace::new(Place::Frame(frame)),
-            crc: digest.crc,
-        };
-        let (contents, free) = (&mut self.contents, &mut self.free_contents);
-        let expected = self.budget_bytes / PAGE_SIZE;
-        let id = crate::dense::place_expecting(contents, free, content, expected);
+        self.cover_frames();
+        let id = self.id_for(frame);
+        // Not `HASHED` yet: the dedup table gets it when its bytes are there (`publish`).
+        self.contents[id] = Content { tag: tag.unwrap_or(0), crc: digest.crc };
         let flags = if opts.compressible { Meta::compressible() } else { 0 };
-        self.meta.start(id, flags, expected);
-        self.set_owner(frame, id);
+        self.meta.start(id, flags);
+        self.live_contents += 1;
+        self.set_place(id, Place::Frame(frame));
         if opts.pinned {
             self.pin(id);
         }
@@ -365,13 +341,13 @@ impl Store {
             return;
         }
         let id = new.id;
-        let c = &self.contents[id as usize];
+        let c = &self.contents[id];
         let (tag, key) = (c.tag, c.key());
         let contents = &self.contents;
-        match self.dedup.find(key, |i| contents[i as usize].tag == tag) {
+        match self.dedup.find(key, |i| contents[i].tag == tag) {
             None => {
                 let contents = &self.contents;
-                self.dedup.insert_unique(key, id, |i| contents[i as usize].key());
+                self.dedup.insert_unique(key, id, |i| contents[i].key());
             }
             Some(old) if !self.is_live(old) => {
                 // The old content keeps its HASHED flag but is no longer the entry, so its
@@ -423,8 +399,8 @@ impl Store {
         let tag = hash_tag(hash);
         let key = tag_key(tag);
         let contents = &self.contents;
-        let id = self.dedup.find(key, |id| contents[id as usize].tag == tag)?;
-        let c = &self.contents[id as usize];
+        let id = self.dedup.find(key, |id| contents[id].tag == tag)?;
+        let c = &self.contents[id];
         if !self.is_live(id) || c.crc != crc || self.meta.refs(id) == MAX_REFS {
             return None;
         }
@@ -441,7 +417,7 @@ impl Store {
     /// True when the bytes of content `id` hash to `hash` in `scope`.
     fn hashes_to(&self, id: ContentId, hash: u128, scope: DedupScope) -> bool {
         let check = |page: &[u8]| content_hash(page, scope) == Some(hash);
-        match self.contents[id as usize].place.get() {
+        match self.place(id) {
             Place::Frame(f) => self.arena.is_live(f) && check(self.arena.bytes(f)),
             Place::Compressed => {
                 let mut buf = [0u8; PAGE_SIZE];
@@ -463,28 +439,31 @@ impl Store {
         visit: &mut impl FnMut(u64),
     ) -> Option<usize> {
         let end = from.saturating_add(max).min(self.contents.len());
-        for id in from..end {
-            let cid = id as ContentId;
-            if self.meta.has(cid, HASHED) && self.meta.has(cid, LIVE) && self.is_live(cid) {
+        for pos in from..end {
+            let id = self.contents.id_at(pos);
+            if self.meta.has(id, HASHED) && self.meta.has(id, LIVE) && self.is_live(id) {
                 visit(self.contents[id].key());
             }
         }
         (end < self.contents.len()).then_some(end)
     }
 
-    fn set_owner(&mut self, frame: FrameId, id: ContentId) {
-        if self.owner.len() < self.arena.frame_table_len() {
-            self.owner.resize(self.arena.frame_table_len(), NO_OWNER);
-            self.pinned.resize(self.arena.frame_table_len() / FRAMES_PER_SEGMENT, 0);
+    /// Gives every frame number the arena can hand out an entry in the per-id tables.
+    fn cover_frames(&mut self) {
+        let frames = self.arena.frame_table_len();
+        let expected = self.budget_bytes / PAGE_SIZE;
+        self.contents.cover_frames(frames, expected);
+        self.meta.cover_frames(frames, expected);
+        if self.pinned.len() < frames / FRAMES_PER_SEGMENT {
+            self.pinned.resize(frames / FRAMES_PER_SEGMENT, 0);
         }
-        self.owner[frame.index()] = id;
     }
 
     /// Marks a content pinned (a persistent entry refers to it), once.
     fn pin(&mut self, id: ContentId) {
         if !self.meta.has(id, PINNED) {
             self.meta.set(id, PINNED);
-            if let Place::Frame(f) = self.contents[id as usize].place.get() {
+            if let Place::Frame(f) = self.place(id) {
                 self.pinned[f.segment()] += 1;
             }
         }
@@ -504,7 +483,7 @@ impl Store {
 
     /// True when a content still has its bytes (in a mapped frame, or compressed).
     pub fn is_live(&self, id: ContentId) -> bool {
-        match self.contents[id as usize].place.get() {
+        match self.place(id) {
             Place::Frame(f) => self.arena.is_live(f),
             Place::Compressed => true,
             Place::Dead => false,
@@ -512,7 +491,7 @@ impl Store {
     }
 
     fn same_bytes(&self, id: ContentId, page: &[u8]) -> bool {
-        match self.contents[id as usize].place.get() {
+        match self.place(id) {
             Place::Frame(f) => self.arena.is_live(f) && self.arena.bytes(f) == page,
             Place::Compressed => {
                 let mut buf = [0u8; PAGE_SIZE];
@@ -537,7 +516,10 @@ impl Store {
         if self.meta.drop_ref(id) == 0 {
             self.drop_bytes(id);
             self.meta.forget(id);
-            self.free_contents.push(id);
+            self.live_contents -= 1;
+            if id >= VIRTUAL_BASE {
+                self.free_virtual.push(id);
+            }
         }
     }
 
@@ -545,7 +527,7 @@ impl Store {
     fn unhash(&mut self, id: ContentId) {
         if self.meta.has(id, HASHED) {
             self.meta.clear(id, HASHED);
-            self.dedup.remove(self.contents[id as usize].key(), |i| i == id);
+            self.dedup.remove(self.contents[id].key(), |i| i == id);
         }
     }
 
@@ -556,12 +538,11 @@ impl Store {
             self.stale_entries += usize::from(self.meta.refs(id));
         }
         self.unhash(id);
-        let c = &mut self.contents[id as usize];
-        let place = std::mem::replace(&mut c.place, PackedPlace::new(Place::Dead)).get();
+        let place = self.place(id);
+        self.set_place(id, Place::Dead);
         match place {
             Place::Frame(f) => {
                 self.move_pin(id, Some(f), None);
-                self.owner[f.index()] = NO_OWNER;
                 // A frame in a released segment only lets go of the segment.
                 self.arena.free(f);
             }
@@ -580,8 +561,8 @@ impl Store {
     /// decompressed into `out` here, under the lock. The checksum comes back with it, for
     /// the caller to check on its copy; on a mismatch it calls [`Store::read`].
     pub fn locate(&self, id: ContentId, out: &mut [u8]) -> Located {
-        let c = &self.contents[id as usize];
-        let located = match c.place.get() {
+        let c = &self.contents[id];
+        let located = match self.place(id) {
             Place::Frame(f) if self.arena.is_live(f) => {
                 Located::Frame(HeldFrame { ptr: self.arena.frame_ptr(f) }, c.crc)
             }
@@ -641,16 +622,24 @@ impl Store {
     /// with one reference bit). Returns how many were compressed.
     pub fn compress_pass(&mut self, max: usize) -> usize {
         let n = self.contents.len();
-        let mut done = 0;
-        for _ in 0..n.min(max.saturating_mul(4)) {
-            if done == max {
+        let (mut done, mut examined) = (0, 0);
+        // Ids are frame numbers, so free ones are interleaved with the others: they cost a
+        // byte's test each and do not count against the pass's bound.
+        for _ in 0..n {
+            if done == max || examined == max.saturating_mul(4) {
                 break;
             }
-            let id = (self.hand % n) as ContentId;
+            let id = self.contents.id_at(self.hand % n);
             self.hand = (self.hand + 1) % n;
-            let Place::Frame(frame) = self.contents[id as usize].place.get() else { continue };
-            let candidate = self.meta.has(id, LIVE) && self.meta.has(id, COMPRESSIBLE);
-            if !candidate || !self.arena.is_live(frame) {
+            if !self.meta.has(id, LIVE) {
+                continue;
+            }
+            examined += 1;
+            if !self.meta.has(id, COMPRESSIBLE) {
+                continue;
+            }
+            let Place::Frame(frame) = self.place(id) else { continue };
+            if !self.arena.is_live(frame) {
                 continue;
             }
             if self.meta.take_read(id) {
@@ -662,9 +651,8 @@ impl Store {
                 self.meta.clear(id, COMPRESSIBLE);
                 continue;
             }
-            self.contents[id as usize].place = PackedPlace::new(Place::Compressed);
+            self.set_place(id, Place::Compressed);
             self.move_pin(id, Some(frame), None);
-            self.owner[frame.index()] = NO_OWNER;
             self.arena.free(frame);
             self.blob_bytes += packed.len();
             self.blobs.insert(id, packed.into_boxed_slice());
@@ -682,7 +670,7 @@ impl Store {
             budget_bytes: self.budget_bytes,
             compressed_pages: self.blobs.len(),
             compressed_bytes: self.blob_bytes,
-            contents: self.contents.len() - self.free_contents.len(),
+            contents: self.live_contents,
             corruptions: self.corruptions,
             dropped_by_shrink: self.dropped,
             heap_bytes: self.heap_bytes(),
@@ -694,10 +682,10 @@ impl Store {
         let dedup = self.dedup.heap_bytes();
         let blobs = self.blobs.capacity() * (size_of::<(ContentId, Box<[u8]>)>() + 1);
         self.arena.heap_bytes()
-            + self.owner.capacity() * size_of::<ContentId>()
-            + crate::dense::resident_bytes(&self.contents)
+            + self.contents.resident_bytes()
             + self.meta.heap_bytes()
-            + self.free_contents.capacity() * size_of::<ContentId>()
+            + self.exceptions.heap_bytes()
+            + self.free_virtual.capacity() * size_of::<ContentId>()
             + self.pinned.capacity() * size_of::<u32>()
             + dedup
             + blobs
@@ -710,8 +698,8 @@ impl Store {
         let mut pinned = vec![0u32; self.pinned.len()];
         let mut stale = HashMap::<usize, usize>::new();
         let mut live = 0;
-        for (id, c) in self.contents.iter().enumerate() {
-            let id = id as ContentId;
+        let mut stale_refs = 0;
+        for id in self.contents.ids() {
             let expected = refs.get(&id).copied().unwrap_or(0);
             let refs = u32::from(self.meta.refs(id));
             assert_eq!(refs, expected, "content {id}: refs {refs} but {expected} entries");
@@ -719,9 +707,12 @@ impl Store {
                 continue;
             }
             live += 1;
-            match c.place.get() {
+            if !self.is_live(id) {
+                stale_refs += refs as usize;
+            }
+            match self.place(id) {
                 Place::Frame(f) => {
-                    assert_eq!(self.owner[f.index()], id, "frame {f:?} owner mismatch");
+                    assert_eq!(self.owner(f), Some(id), "frame {f:?} owner mismatch");
                     if self.arena.is_live(f) {
                         assert!(!self.arena.is_free(f), "content {id} in free frame {f:?}");
                         if self.meta.has(id, PINNED) {
@@ -735,35 +726,25 @@ impl Store {
                 Place::Dead => {}
             }
         }
-        assert_eq!(live, self.contents.len() - self.free_contents.len(), "free list drifted");
-        self.meta.validate(self.contents.len());
-        for &id in &self.free_contents {
-            assert!(!self.meta.has(id, LIVE | PINNED | HASHED), "free content {id} has flags");
-        }
-        for (f, &id) in self.owner.iter().enumerate() {
-            if id != NO_OWNER {
-                let c = &self.contents[id as usize];
-                assert!(matches!(c.place.get(), Place::Frame(x) if x.index() == f), "stale owner");
+        assert_eq!(live, self.live_contents, "live content count drifted");
+        assert_eq!(stale_refs, self.stale_entries, "stale entry count drifted");
+        self.meta.validate();
+        self.validate_places();
+        for raw in 0..self.arena.frame_table_len() as u32 {
+            let f = FrameId::from_raw(raw);
+            if let Some(id) = self.owner(f) {
+                assert_eq!(self.place(id), Place::Frame(f), "frame {raw}: stale owner {id}");
             }
         }
-        let stale_refs: u32 = self
-            .contents
-            .iter()
-            .enumerate()
-            .map(|(id, _)| id as ContentId)
-            .filter(|&id| self.meta.has(id, LIVE) && !self.is_live(id))
-            .map(|id| u32::from(self.meta.refs(id)))
-            .sum();
-        assert_eq!(stale_refs as usize, self.stale_entries, "stale entry count drifted");
         let mut hashes = std::collections::HashSet::new();
         for id in self.dedup.iter() {
-            let c = &self.contents[id as usize];
+            let c = &self.contents[id];
             assert!(self.meta.has(id, LIVE) && self.meta.has(id, HASHED), "stale dedup entry {id}");
             assert!(hashes.insert(c.tag), "two dedup entries for one tag");
-            let found = self.dedup.find(c.key(), |o| self.contents[o as usize].tag == c.tag);
+            let found = self.dedup.find(c.key(), |o| self.contents[o].tag == c.tag);
             assert_eq!(found, Some(id), "dedup entry {id} cannot be found by its hash");
         }
-        self.dedup.validate(|i| self.contents[i as usize].key());
+        self.dedup.validate(|i| self.contents[i].key());
         assert_eq!(pinned, self.pinned, "pinned frame counts per segment drifted");
         let mut draining: Vec<(usize, usize)> = stale.into_iter().collect();
         draining.sort_unstable();
@@ -775,7 +756,7 @@ impl Store {
     /// Flips one byte of a content's stored bytes, for integrity tests.
     #[cfg(test)]
     pub fn corrupt(&mut self, id: ContentId) {
-        if let Place::Frame(f) = self.contents[id as usize].place.get() {
+        if let Place::Frame(f) = self.place(id) {
             self.arena.bytes_mut(f)[100] ^= 0xff;
         }
     }
@@ -812,8 +793,8 @@ mod tests {
     const DOMAIN: DedupScope = DedupScope::Domain(fallow_core::TrustDomain(0));
 
     #[test]
-    fn a_content_takes_12_bytes() {
-        assert_eq!(std::mem::size_of::<Content>(), 12);
+    fn a_content_takes_8_bytes() {
+        assert_eq!(std::mem::size_of::<Content>(), 8);
     }
 
     #[test]
@@ -879,14 +860,5 @@ mod tests {
         store.release(first);
         assert_eq!(store.intern_now(&page, digest, InternOptions::default()), Ok(first));
         store.validate(&refs);
-    }
-
-    #[test]
-    fn packed_places_round_trip() {
-        for place in [Place::Compressed, Place::Dead, Place::Frame(FrameId::from_raw(0))] {
-            assert_eq!(PackedPlace::new(place).get(), place);
-        }
-        let top = FrameId::from_raw(PLACE_DEAD - 1);
-        assert_eq!(PackedPlace::new(Place::Frame(top)).get(), Place::Frame(top));
     }
 }

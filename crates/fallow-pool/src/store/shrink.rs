@@ -12,8 +12,8 @@
 
 use fallow_core::PAGE_SIZE;
 
-use super::{ContentId, PackedPlace, Place, Store, NO_OWNER, PINNED};
-use crate::arena::{Arena, Extent, EXTENT_SEGMENTS, FRAMES_PER_SEGMENT};
+use super::{ContentId, Place, Store, PINNED};
+use crate::arena::{Arena, Extent, FrameId, EXTENT_SEGMENTS, FRAMES_PER_SEGMENT};
 
 /// What a shrink did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -136,10 +136,9 @@ impl Store {
         report: &mut ShrinkReport,
     ) -> bool {
         for frame in Arena::frames_of(seg) {
-            let id = self.owner.get(frame.index()).copied().unwrap_or(NO_OWNER);
-            if id == NO_OWNER || !self.meta.has(id, PINNED) {
+            let Some(id) = self.owner(frame).filter(|&id| self.meta.has(id, PINNED)) else {
                 continue;
-            }
+            };
             let to = match self.arena.alloc_outside(release) {
                 Some(to) => to,
                 None => {
@@ -153,10 +152,9 @@ impl Store {
                 }
             };
             self.arena.copy_frame(frame, to);
-            self.contents[id as usize].place = PackedPlace::new(Place::Frame(to));
+            // The content keeps its id: the index entries naming it stay as they are.
+            self.set_place(id, Place::Frame(to));
             self.move_pin(id, Some(frame), Some(to));
-            self.set_owner(to, id);
-            self.owner[frame.index()] = NO_OWNER;
             self.arena.free(frame);
             report.frames_moved += 1;
         }
@@ -165,13 +163,12 @@ impl Store {
 
     /// Drops one unpinned page in a segment that stays, to free its frame.
     fn drop_one_unpinned_outside(&mut self, release: &[usize], report: &mut ShrinkReport) -> bool {
-        let n = self.owner.len();
+        let n = self.arena.frame_table_len();
         for _ in 0..n {
             let f = self.cursor % n.max(1);
             self.cursor = (self.cursor + 1) % n.max(1);
-            let id = self.owner[f];
-            if id != NO_OWNER
-                && !release.contains(&(f / FRAMES_PER_SEGMENT))
+            let Some(id) = self.owner(FrameId::from_raw(f as u32)) else { continue };
+            if !release.contains(&(f / FRAMES_PER_SEGMENT))
                 && !self.meta.has(id, PINNED)
                 && self.is_live(id)
             {
@@ -188,17 +185,16 @@ impl Store {
     /// the references (index entries) held on their contents, about to lose their bytes.
     fn stale_frames_and_refs(&self, seg: usize) -> (usize, usize) {
         Arena::frames_of(seg)
-            .filter_map(|f| self.owner.get(f.index()).copied())
-            .filter(|&id| id != NO_OWNER)
+            .filter_map(|f| self.owner(f))
             .fold((0, 0), |(frames, refs), id| (frames + 1, refs + usize::from(self.meta.refs(id))))
     }
 
     /// Drops unpinned pages until no more than `limit` frames are in use.
     fn drop_unpinned_until(&mut self, limit: usize, report: &mut ShrinkReport) {
         let mut f = 0;
-        while self.arena.used() > limit && f < self.owner.len() {
-            let id = self.owner[f];
-            if id != NO_OWNER && !self.meta.has(id, PINNED) && self.is_live(id) {
+        while self.arena.used() > limit && f < self.arena.frame_table_len() {
+            let owner = self.owner(FrameId::from_raw(f as u32));
+            if let Some(id) = owner.filter(|&id| !self.meta.has(id, PINNED) && self.is_live(id)) {
                 self.drop_bytes(id);
                 self.dropped += 1;
                 report.contents_dropped += 1;

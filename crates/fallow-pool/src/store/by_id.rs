@@ -1,0 +1,119 @@
+//! Per-content arrays indexed by content id.
+//!
+//! A content's id is the number of the frame it was first stored in, whenever that number
+//! is not still taken by an older content (see `places.rs`); so ids below [`VIRTUAL_BASE`]
+//! are frame numbers and index one vector, sized like a per-frame table, and the few
+//! others (2³⁰ and up) index a second one.
+
+use std::ops::{Index, IndexMut};
+
+use super::ContentId;
+
+/// The first id that is not a frame number. Frame numbers stay below it
+/// (`arena::MAX_SEGMENTS`), and every id below 2³¹, the slot's fill bit.
+pub const VIRTUAL_BASE: ContentId = 1 << 30;
+
+/// A `T` per content id.
+#[derive(Default)]
+pub struct ById<T> {
+    frames: Vec<T>,
+    virtual_ids: Vec<T>,
+}
+
+impl<T: Default> ById<T> {
+    /// Makes room for every frame number below `frames`, for a store expected to hold
+    /// `expected` frames (reserved once, [`crate::dense::grow`]).
+    pub fn cover_frames(&mut self, frames: usize, expected: usize) {
+        if self.frames.len() < frames {
+            crate::dense::grow(&mut self.frames, frames, expected);
+            self.frames.resize_with(frames, T::default);
+        }
+    }
+
+    /// Adds an entry for the next id above [`VIRTUAL_BASE`], and returns that id.
+    pub fn push_virtual(&mut self) -> ContentId {
+        self.virtual_ids.push(T::default());
+        let n = u32::try_from(self.virtual_ids.len() - 1).ok();
+        n.and_then(|n| VIRTUAL_BASE.checked_add(n)).expect("fewer than 2^30 virtual ids")
+    }
+}
+
+impl<T> ById<T> {
+    /// Entries: frame numbers covered, then virtual ids.
+    pub fn len(&self) -> usize {
+        self.frames.len() + self.virtual_ids.len()
+    }
+
+    /// The id of the `pos`-th entry (`pos < len()`): a position for clock hands and steps.
+    pub fn id_at(&self, pos: usize) -> ContentId {
+        if pos < self.frames.len() {
+            pos as ContentId
+        } else {
+            VIRTUAL_BASE + (pos - self.frames.len()) as ContentId
+        }
+    }
+
+    /// True when `id` has an entry.
+    pub fn covers(&self, id: ContentId) -> bool {
+        if id < VIRTUAL_BASE {
+            (id as usize) < self.frames.len()
+        } else {
+            ((id - VIRTUAL_BASE) as usize) < self.virtual_ids.len()
+        }
+    }
+
+    /// Every id with an entry.
+    pub fn ids(&self) -> impl Iterator<Item = ContentId> + '_ {
+        (0..self.len()).map(|pos| self.id_at(pos))
+    }
+
+    /// Heap bytes, by length: the frame table's reservation past it is address space.
+    pub fn resident_bytes(&self) -> usize {
+        crate::dense::resident_bytes(&self.frames)
+            + self.virtual_ids.capacity() * std::mem::size_of::<T>()
+    }
+}
+
+impl<T> Index<ContentId> for ById<T> {
+    type Output = T;
+
+    #[inline]
+    fn index(&self, id: ContentId) -> &T {
+        if id < VIRTUAL_BASE {
+            &self.frames[id as usize]
+        } else {
+            &self.virtual_ids[(id - VIRTUAL_BASE) as usize]
+        }
+    }
+}
+
+impl<T> IndexMut<ContentId> for ById<T> {
+    #[inline]
+    fn index_mut(&mut self, id: ContentId) -> &mut T {
+        if id < VIRTUAL_BASE {
+            &mut self.frames[id as usize]
+        } else {
+            &mut self.virtual_ids[(id - VIRTUAL_BASE) as usize]
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_numbers_and_virtual_ids_index_their_own_vectors() {
+        let mut v = ById::<u8>::default();
+        v.cover_frames(4, 8);
+        let a = v.push_virtual();
+        let b = v.push_virtual();
+        assert_eq!((a, b), (VIRTUAL_BASE, VIRTUAL_BASE + 1));
+        v[3] = 3;
+        v[b] = 9;
+        assert_eq!(v.ids().collect::<Vec<_>>(), [0, 1, 2, 3, VIRTUAL_BASE, VIRTUAL_BASE + 1]);
+        assert_eq!((v[3], v[a], v[b]), (3, 0, 9));
+        v.cover_frames(6, 8);
+        assert_eq!((v.len(), v[3], v[b]), (8, 3, 9), "covering more frames keeps entries");
+    }
+}
