@@ -476,10 +476,16 @@ mod tests {
     fn shards_report_one_set_of_simulations_between_them() {
         // Eight shards of 8192 pages sharing a chooser report one set of simulations
         // between them; eight policies of their own would hold eight sets.
-        let separate: usize = (0..8).map(|_| S3FifoLean::new(8192).heap_bytes()).sum();
+        // Each policy sees one access: the simulations are built at the first.
+        let accessed = |mut p: S3FifoLean| {
+            p.insert(0, hash(1));
+            p
+        };
+        let separate: usize = (0..8).map(|_| accessed(S3FifoLean::new(8192)).heap_bytes()).sum();
         let chooser = Arc::new(ShareChooser::new(8 * 8192));
+        assert_eq!(chooser.heap_bytes(), 0, "no simulation before the first access");
         let shards: Vec<S3FifoLean> =
-            (0..8).map(|_| S3FifoLean::with_chooser(8192, chooser.clone())).collect();
+            (0..8).map(|_| accessed(S3FifoLean::with_chooser(8192, chooser.clone()))).collect();
         let shared: usize = shards.iter().map(S3FifoLean::heap_bytes).sum();
         let sims = chooser.heap_bytes();
         assert!(sims > 10_000, "a set of simulations takes {sims} B");
@@ -491,6 +497,7 @@ mod tests {
         let chooser = Arc::new(ShareChooser::new(2 * 4096));
         let mut a = S3FifoLean::with_chooser(4096, chooser.clone());
         let mut b = S3FifoLean::with_chooser(4096, chooser.clone());
+        b.insert(0, hash(0));
         let full = chooser.heap_bytes();
         a.set_capacity(64);
         b.set_capacity(64);

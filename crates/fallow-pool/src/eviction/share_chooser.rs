@@ -60,22 +60,23 @@ pub struct ShareChooser {
 }
 
 impl ShareChooser {
-    /// A chooser for policies whose capacities add up to `capacity` pages.
+    /// A chooser for policies whose capacities add up to `capacity` pages. The simulations
+    /// are built at the first access, so an engine whose pages are all persistent (never
+    /// given to a policy) pays nothing for them.
     pub fn new(capacity: usize) -> Self {
-        let chooser = Self {
+        Self {
             sims: Mutex::new(Sims {
                 sims: Vec::new(),
                 capacity: capacity.max(1),
                 epoch_len: 0,
                 max_epoch_len: 0,
                 epoch_accesses: 0,
-                stale: false,
+                stale: true,
             }),
             choice: AtomicUsize::new(INITIAL_CHOICE),
-            threshold: AtomicU64::new(0),
-        };
-        chooser.reset(&mut chooser.sims.lock());
-        chooser
+            // Sample the first access, which builds the simulations and sets the real rate.
+            threshold: AtomicU64::new(u64::MAX),
+        }
     }
 
     /// The index into [`SHARES`] of the share to use now.
