@@ -428,10 +428,12 @@ impl Store {
     }
 
     /// Calls `visit` with the hash key (`hash_key`: the content hash's tag spread over 64
-    /// bits) of every live,
-    /// shareable content among the next `max` content slots from `from`; returns where to
-    /// go on, or `None` at the end. Lets a caller walk every hash in steps, taking the
-    /// store lock once per step.
+    /// bits) of every live, shareable content among the next `max` content positions from
+    /// `from` ([`ById::id_at`]); returns where to go on, or `None` at the end. Lets a caller
+    /// walk every hash in steps, taking the store lock once per step. Positions are stable
+    /// but for virtual ids, which move up when a new segment adds frame numbers between
+    /// steps: such a walk may then miss or repeat a few of them, which the summary it
+    /// builds allows (a missing hash costs a page sent instead of its hash).
     pub fn visit_hashes(
         &self,
         from: usize,
