@@ -53,6 +53,11 @@ impl<T> ById<T> {
         }
     }
 
+    /// The entries of frame numbers `first..first + n` (all covered).
+    pub fn frames(&self, first: usize, n: usize) -> &[T] {
+        &self.frames[first..first + n]
+    }
+
     /// True when `id` has an entry.
     pub fn covers(&self, id: ContentId) -> bool {
         if id < VIRTUAL_BASE {

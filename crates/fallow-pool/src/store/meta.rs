@@ -58,7 +58,8 @@ impl Meta {
         *self.bits[id].get_mut() = LIVE | (flags & kept);
     }
 
-    fn flags(&self, id: ContentId) -> u8 {
+    /// Content `id`'s flags, read once (for a caller testing several).
+    pub fn flags(&self, id: ContentId) -> u8 {
         self.bits[id].load(Ordering::Relaxed)
     }
 
@@ -156,6 +157,17 @@ impl Meta {
     pub fn heap_bytes(&self) -> usize {
         let entry = std::mem::size_of::<(ContentId, u16)>() + 1;
         self.bits.resident_bytes() + self.shared.capacity() * entry
+    }
+
+    /// The flag bytes of frame numbers `first..first + n`, for a scan of a segment.
+    pub fn of_frames(&self, first: usize, n: usize) -> &[AtomicU8] {
+        self.bits.frames(first, n)
+    }
+
+    /// Flags meaning "its bytes are in the frame its id names": live, no exception, not
+    /// dead. For tests of [`Meta::flags`] and of [`Meta::of_frames`]' bytes.
+    pub const fn in_own_frame(flags: u8) -> bool {
+        flags & (LIVE | EXCEPTION | DEAD) == LIVE
     }
 
     /// True when `id` has a flag byte.

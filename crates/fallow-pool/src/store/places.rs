@@ -23,7 +23,7 @@
 use std::collections::HashMap;
 
 use super::by_id::VIRTUAL_BASE;
-use super::meta::{DEAD, EXCEPTION, LIVE};
+use super::meta::{Meta, DEAD, EXCEPTION, LIVE};
 use super::{ContentId, Place, Store};
 use crate::arena::FrameId;
 
@@ -48,9 +48,10 @@ impl Store {
     /// Where content `id`'s bytes are.
     #[inline]
     pub(super) fn place(&self, id: ContentId) -> Place {
-        if self.meta.has(id, DEAD) {
+        let flags = self.meta.flags(id);
+        if flags & DEAD != 0 {
             Place::Dead
-        } else if self.meta.has(id, EXCEPTION) {
+        } else if flags & EXCEPTION != 0 {
             self.exceptions.by_id[&id]
         } else {
             Place::Frame(FrameId::from_raw(id))
@@ -85,8 +86,7 @@ impl Store {
         // The content with the frame's number, if its bytes are there: then no other
         // content's can be. Shrink scans call this for every frame, so the map comes second.
         let id = frame.raw();
-        let own =
-            self.meta.covers(id) && self.meta.has(id, LIVE) && !self.meta.has(id, EXCEPTION | DEAD);
+        let own = self.meta.covers(id) && Meta::in_own_frame(self.meta.flags(id));
         if own {
             return Some(id);
         }

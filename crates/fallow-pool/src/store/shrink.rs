@@ -12,6 +12,7 @@
 
 use fallow_core::PAGE_SIZE;
 
+use super::meta::Meta;
 use super::{ContentId, Place, Store, PINNED};
 use crate::arena::{Arena, Extent, FrameId, EXTENT_SEGMENTS, FRAMES_PER_SEGMENT};
 
@@ -184,9 +185,26 @@ impl Store {
     /// Frames of segment `seg` still in use (by unpinned contents, after evacuation), and
     /// the references (index entries) held on their contents, about to lose their bytes.
     fn stale_frames_and_refs(&self, seg: usize) -> (usize, usize) {
-        Arena::frames_of(seg)
-            .filter_map(|f| self.owner(f))
-            .fold((0, 0), |(frames, refs), id| (frames + 1, refs + usize::from(self.meta.refs(id))))
+        // One pass over the segment's flag bytes: most frames hold the content their
+        // number names, with one reference. This runs for every segment a shrink releases.
+        let first = seg * FRAMES_PER_SEGMENT;
+        let last = (first + FRAMES_PER_SEGMENT - 1) as ContentId;
+        if !self.meta.covers(last) {
+            // Never a content in it (ids are covered when their segment is first used).
+            return (0, 0);
+        }
+        let flags = self.meta.of_frames(first, FRAMES_PER_SEGMENT);
+        let (mut frames, mut refs) = (0, 0);
+        for (i, byte) in flags.iter().enumerate() {
+            let id = (first + i) as ContentId;
+            let own = Meta::in_own_frame(byte.load(std::sync::atomic::Ordering::Relaxed));
+            let owner = if own { Some(id) } else { self.owner(FrameId::from_raw(id)) };
+            if let Some(owner) = owner {
+                frames += 1;
+                refs += usize::from(self.meta.refs(owner));
+            }
+        }
+        (frames, refs)
     }
 
     /// Drops unpinned pages until no more than `limit` frames are in use.
