@@ -149,7 +149,7 @@ fn lone_key(pool: fallow_core::PoolId, i: u64) -> PageKey {
 
 /// The key of page `i` when the cache holds a tenth of one large volume, scattered: one
 /// page in each ten consecutive indexes, at a position that varies, so a run of 64 indexes
-/// holds ~6.4 cached pages and its extent is shared by few.
+/// holds ~6.4 cached pages and its span is shared by few.
 fn tenth_key(pool: fallow_core::PoolId, i: u64) -> PageKey {
     let spread = (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % 10;
     PageKey::new(pool, 0, i * 10 + spread)

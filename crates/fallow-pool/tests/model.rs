@@ -80,7 +80,7 @@ fn op() -> impl Strategy<Value = Op> {
     let pool = 0..POOLS;
     let object = 0u64..4;
     // Mostly the first run of 64 indexes (where the batches write), some across its end
-    // and far away, so that objects span several of the index's extents.
+    // and far away, so that objects cover several of the index's spans.
     let index = prop_oneof![
         4 => 0u64..12,
         2 => 60u64..68,

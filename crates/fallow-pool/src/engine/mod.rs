@@ -265,7 +265,7 @@ impl Inner {
 
     fn shard_of(&self, key: &PageKey) -> usize {
         // The shard count is a power of two. By the key's run, not the key: a run's pages
-        // then share an extent (`shard/extents.rs`).
+        // then share a span (`shard/spans.rs`).
         (run_hash(key) >> 48) as usize & (self.shards.len() - 1)
     }
 
@@ -460,7 +460,7 @@ mod tests {
     use crate::EngineBuilder;
 
     #[test]
-    fn a_shard_never_takes_more_entries_than_its_extent_ids_can_name() {
+    fn a_shard_never_takes_more_entries_than_its_span_ids_can_name() {
         assert_eq!(entry_limit(1000, 4), 4000);
         let frames_per_shard = MAX_BUDGET_BYTES / PAGE_SIZE;
         assert_eq!(entry_limit(frames_per_shard, 4), crate::shard::MAX_PAGES);

@@ -1,44 +1,44 @@
-//! One shard of the page index: key → slot, the slots themselves, the shard's extents, and
+//! One shard of the page index: key → slot, the slots themselves, the shard's spans, and
 //! the eviction policy over this shard's ephemeral pages.
 //!
 //! ```text
-//!  index: IdTable (slot ids)  ──hash(key)──▶  slots[id] { value, extent · position }
-//!                                                          │          │
-//!  fills: fill id ──▶ word ◀───────────────────────────────┘          │
-//!  extents: (pool, object, run of 64 indexes, page bitmap) ◀──────────┘
-//!           heads: (pool, object) ──▶ extent ⇄ extent ⇄ …
+//!  index: IdTable (slot ids)  ──hash(key)──▶  slots[id] { value, span · position }
+//!                                                          │      │
+//!  fills: fill id ──▶ word ◀───────────────────────────────┘      │
+//!  spans: (pool, object, run of 64 indexes, page bitmap) ◀────────┘
+//!           heads: (pool, object) ──▶ span ⇄ span ⇄ …
 //! ```
 //!
 //! The index is a cuckoo hash table of slot ids (5 bytes a slot, sized to the shard's
 //! capacity: [`crate::id_table`]) hashed by the page's key; the key itself is stored
 //! once, split between the slot (the page's position in its run of 64 indexes) and the
-//! extent table (pool, object and run, shared by all of a run's pages). Each object's
-//! extents form a list, so invalidating an object walks exactly its runs, and each run's
+//! span table (pool, object and run, shared by all of a run's pages). Each object's
+//! spans form a list, so invalidating an object walks exactly its runs, and each run's
 //! bitmap says which of its pages are here. Slots are dense ids, reused, so that policies
 //! can keep their per-page state in flat arrays. A slot is 8 bytes: whatever can be
-//! shared is kept once elsewhere (the key's pool, object, run and kind in the extent
+//! shared is kept once elsewhere (the key's pool, object, run and kind in the span
 //! table, fill words in the fill table).
 //!
 //! # Locking
 //! Each shard sits in its own mutex in the engine; every method here runs with it held.
 
-mod extents;
 mod fills;
+mod spans;
 
 use fallow_core::{ObjectId, PageKey, PoolId};
 
 use crate::eviction::{Eviction, SlotId};
 use crate::id_table::IdTable;
 use crate::store::ContentId;
-use extents::{position, ExtentRef, Extents, NIL, RUN_BITS};
 use fills::Fills;
+use spans::{position, SpanRef, Spans, NIL, RUN_BITS};
 
-/// The most pages one shard holds: each may need an extent of its own, and extent ids
-/// have 26 bits ([`extents::MAX_EXTENTS`]). The engine caps a shard's entries below it.
-pub const MAX_PAGES: usize = extents::MAX_EXTENTS;
+/// The most pages one shard holds: each may need a span of its own, and span ids
+/// have 26 bits ([`spans::MAX_SPANS`]). The engine caps a shard's entries below it.
+pub const MAX_PAGES: usize = spans::MAX_SPANS;
 
 /// splitmix64's finalizer: spreads a 64-bit value over all bits, for the shard's small
-/// tables (extents, fill words), which use both a hash's high bits (tags) and its low bits
+/// tables (spans, fill words), which use both a hash's high bits (tags) and its low bits
 /// (buckets).
 pub(crate) fn mix64(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -55,11 +55,11 @@ pub(crate) fn key_hash(key: &PageKey) -> u64 {
     xxhash_rust::xxh3::xxh3_64(&b)
 }
 
-/// A well-mixed hash of the run of 64 indexes `key` falls in ([`extents::run`]), whose high
-/// bits pick the key's shard: so a run's pages share one shard and one extent, and the
-/// extent's 36 bytes are split between up to 64 pages instead of a few.
+/// A well-mixed hash of the run of 64 indexes `key` falls in ([`spans::run`]), whose high
+/// bits pick the key's shard: so a run's pages share one shard and one span, and the
+/// span's 36 bytes are split between up to 64 pages instead of a few.
 pub(crate) fn run_hash(key: &PageKey) -> u64 {
-    extents::extent_hash(key.pool, key.object, extents::run(key.index))
+    spans::span_hash(key.pool, key.object, spans::run(key.index))
 }
 
 /// What an index entry holds in place of page bytes.
@@ -82,13 +82,13 @@ pub struct Slot {
     pub persistent: bool,
 }
 
-/// A [`Slot`] as stored: 8 bytes. The pool, object, run and persistence live in the extent
+/// A [`Slot`] as stored: 8 bytes. The pool, object, run and persistence live in the span
 /// table, a fill word in the fill table.
 #[derive(Debug, Clone, Copy)]
 struct Packed {
     /// A content id, or `FILL | fill id`.
     value: u32,
-    /// `extent << RUN_BITS | position`; `NIL` marks a free slot.
+    /// `span << RUN_BITS | position`; `NIL` marks a free slot.
     loc: u32,
 }
 
@@ -101,7 +101,7 @@ impl Packed {
         self.loc == NIL
     }
 
-    fn extent(&self) -> ExtentRef {
+    fn span(&self) -> SpanRef {
         self.loc >> RUN_BITS
     }
 
@@ -115,7 +115,7 @@ pub struct Shard {
     index: IdTable,
     slots: Vec<Packed>,
     free_slots: Vec<SlotId>,
-    extents: Extents,
+    spans: Spans,
     fills: Fills,
     policy: Box<dyn Eviction>,
     /// Slots to expect when the shard is full ([`Shard::expect`]).
@@ -123,9 +123,9 @@ pub struct Shard {
 }
 
 /// The key of live slot `id`.
-fn key_of(slots: &[Packed], extents: &Extents, id: SlotId) -> PageKey {
+fn key_of(slots: &[Packed], spans: &Spans, id: SlotId) -> PageKey {
     let s = &slots[id as usize];
-    let e = extents.get(s.extent());
+    let e = spans.get(s.span());
     PageKey::new(e.pool, e.object, e.run << RUN_BITS | u64::from(s.position()))
 }
 
@@ -136,7 +136,7 @@ impl Shard {
             index: IdTable::default(),
             slots: Vec::new(),
             free_slots: Vec::new(),
-            extents: Extents::default(),
+            spans: Spans::default(),
             fills: Fills::default(),
             policy,
             expected: 0,
@@ -174,14 +174,14 @@ impl Shard {
     pub fn expect(&mut self, pages: usize) {
         self.expected = crate::dense::with_headroom(pages);
         self.index.expect(self.expected);
-        self.extents.expect(self.expected.min(MAX_PAGES));
+        self.spans.expect(self.expected.min(MAX_PAGES));
     }
 
     /// The live slot `id`, unpacked.
     fn slot(&self, id: SlotId) -> Slot {
         let s = &self.slots[id as usize];
         debug_assert!(!s.is_free(), "slot {id} is free");
-        let e = self.extents.get(s.extent());
+        let e = self.spans.get(s.span());
         let value = match s.value & FILL {
             0 => Value::Content(s.value),
             _ => Value::Fill(self.fills.word(s.value & !FILL)),
@@ -192,21 +192,21 @@ impl Shard {
 
     /// The slot holding `key`, whose [`key_hash`] is `hash`, if any.
     pub fn lookup(&self, key: &PageKey, hash: u64) -> Option<(SlotId, Slot)> {
-        let (slots, extents) = (&self.slots, &self.extents);
+        let (slots, spans) = (&self.slots, &self.spans);
         let at = position(key.index);
         let id = self.index.find(hash, |id| {
             let s = &slots[id as usize];
-            s.position() == at && extents.covers(s.extent(), key.pool, key.object, key.index)
+            s.position() == at && spans.covers(s.span(), key.pool, key.object, key.index)
         })?;
         Some((id, self.slot(id)))
     }
 
     /// Records a hit on an ephemeral page.
     pub fn touch(&mut self, id: SlotId, hash: u64) {
-        // Read the extent's kind alone: a hit is the hot path, and unpacking the whole slot
-        // is not needed (its extent was just read by the lookup).
+        // Read the span's kind alone: a hit is the hot path, and unpacking the whole slot
+        // is not needed (its span was just read by the lookup).
         let s = self.slots[id as usize];
-        if !s.is_free() && !self.extents.persistent(s.extent()) {
+        if !s.is_free() && !self.spans.persistent(s.span()) {
             self.policy.touch(id, hash);
         }
     }
@@ -216,8 +216,8 @@ impl Shard {
     pub fn insert(&mut self, slot: Slot, hash: u64) -> SlotId {
         debug_assert_eq!(hash, key_hash(&slot.key));
         let PageKey { pool, object, index } = slot.key;
-        let extent = self.extents.add_page(pool, object, index, slot.persistent);
-        let extent = extent.expect("the engine keeps a shard below MAX_PAGES");
+        let span = self.spans.add_page(pool, object, index, slot.persistent);
+        let span = span.expect("the engine keeps a shard below MAX_PAGES");
         let value = match slot.value {
             Value::Fill(word) => FILL | self.fills.add(word),
             Value::Content(id) => {
@@ -225,18 +225,18 @@ impl Shard {
                 id
             }
         };
-        let packed = Packed { value, loc: extent << RUN_BITS | position(index) };
+        let packed = Packed { value, loc: span << RUN_BITS | position(index) };
         let (slots, free) = (&mut self.slots, &mut self.free_slots);
         let id = crate::dense::place_expecting(slots, free, packed, self.expected);
-        let Shard { index, slots, extents, .. } = self;
-        index.insert_unique(hash, id, |x| key_hash(&key_of(slots, extents, x)));
+        let Shard { index, slots, spans, .. } = self;
+        index.insert_unique(hash, id, |x| key_hash(&key_of(slots, spans, x)));
         if !slot.persistent {
             self.policy.insert(id, hash);
         }
         id
     }
 
-    /// Takes live slot `id` out of the index and its extent, frees it, and returns it with
+    /// Takes live slot `id` out of the index and its span, frees it, and returns it with
     /// its key's hash.
     fn detach(&mut self, id: SlotId) -> (Slot, u64) {
         let slot = self.slot(id);
@@ -244,12 +244,12 @@ impl Shard {
         let found = self.index.remove(hash, |x| x == id);
         found.expect("a live slot is indexed");
         let s = &mut self.slots[id as usize];
-        let (extent, at) = (s.extent(), s.position());
+        let (span, at) = (s.span(), s.position());
         if s.value & FILL != 0 {
             self.fills.release(s.value & !FILL);
         }
         s.loc = NIL;
-        self.extents.remove_page(extent, at);
+        self.spans.remove_page(span, at);
         self.free_slots.push(id);
         (slot, hash)
     }
@@ -276,8 +276,8 @@ impl Shard {
     /// Slot ids of every page of `object` in `pool`.
     pub fn object_pages(&self, pool: PoolId, object: ObjectId) -> Vec<SlotId> {
         let mut ids = Vec::new();
-        for e in self.extents.of_object(pool, object) {
-            self.collect_extent(&e, &mut ids);
+        for e in self.spans.of_object(pool, object) {
+            self.collect_span(&e, &mut ids);
         }
         ids
     }
@@ -285,18 +285,18 @@ impl Shard {
     /// Slot ids of every page of `pool`.
     pub fn pool_pages(&self, pool: PoolId) -> Vec<SlotId> {
         let mut ids = Vec::new();
-        for (_, e) in self.extents.live() {
+        for (_, e) in self.spans.live() {
             if e.pool == pool {
-                self.collect_extent(&e, &mut ids);
+                self.collect_span(&e, &mut ids);
             }
         }
         ids
     }
 
-    /// Pushes the slot id of each page of extent `e`, found through the index: a slot
+    /// Pushes the slot id of each page of span `e`, found through the index: a slot
     /// keeps no link to its neighbours, which would cost 8 bytes a page to save a hash
     /// per page of an invalidation.
-    fn collect_extent(&self, e: &extents::Extent, ids: &mut Vec<SlotId>) {
+    fn collect_span(&self, e: &spans::Span, ids: &mut Vec<SlotId>) {
         let mut bits = e.pages;
         while bits != 0 {
             let key = PageKey::new(
@@ -305,7 +305,7 @@ impl Shard {
                 e.run << RUN_BITS | u64::from(bits.trailing_zeros()),
             );
             bits &= bits - 1;
-            let (id, _) = self.lookup(&key, key_hash(&key)).expect("an extent's page is indexed");
+            let (id, _) = self.lookup(&key, key_hash(&key)).expect("a span's page is indexed");
             ids.push(id);
         }
     }
@@ -343,30 +343,30 @@ impl Shard {
             .map(|id| (id, self.slot(id)))
     }
 
-    /// Heap bytes of this shard's metadata: index, slots, extents and policy.
+    /// Heap bytes of this shard's metadata: index, slots, spans and policy.
     pub fn heap_bytes(&self) -> usize {
         use std::mem::size_of;
         self.index.heap_bytes()
             + crate::dense::resident_bytes(&self.slots)
             + self.free_slots.capacity() * size_of::<SlotId>()
-            + self.extents.heap_bytes()
+            + self.spans.heap_bytes()
             + self.fills.heap_bytes()
             + self.policy.heap_bytes()
     }
 
-    /// Panics unless the index, the slots, the extents and the policy agree.
+    /// Panics unless the index, the slots, the spans and the policy agree.
     pub fn validate(&self) {
         let mut ephemeral = 0;
         let mut live = 0;
         let mut fills = std::collections::HashMap::new();
-        let mut bits = std::collections::HashMap::<ExtentRef, u64>::new();
+        let mut bits = std::collections::HashMap::<SpanRef, u64>::new();
         for (id, slot) in self.slots() {
             live += 1;
             let s = self.slots[id as usize];
             if s.value & FILL != 0 {
                 *fills.entry(s.value & !FILL).or_insert(0) += 1;
             }
-            *bits.entry(s.extent()).or_default() |= 1 << s.position();
+            *bits.entry(s.span()).or_default() |= 1 << s.position();
             let hash = key_hash(&slot.key);
             assert_eq!(self.lookup(&slot.key, hash).map(|(i, _)| i), Some(id), "{:?}", slot.key);
             if !slot.persistent {
@@ -374,14 +374,14 @@ impl Shard {
             }
         }
         assert_eq!(live, self.index.len(), "index and slots disagree");
-        let (slots, extents) = (&self.slots, &self.extents);
-        self.index.validate(|x| key_hash(&key_of(slots, extents, x)));
+        let (slots, spans) = (&self.slots, &self.spans);
+        self.index.validate(|x| key_hash(&key_of(slots, spans, x)));
         assert_eq!(live + self.free_slots.len(), self.slots.len(), "slot free list drifted");
-        self.extents.validate();
+        self.spans.validate();
         self.fills.validate(&fills);
-        assert_eq!(bits.len(), self.extents.len(), "extents without a slot");
+        assert_eq!(bits.len(), self.spans.len(), "spans without a slot");
         for (r, pages) in bits {
-            assert_eq!(self.extents.get(r).pages, pages, "extent {r}: bitmap and slots disagree");
+            assert_eq!(self.spans.get(r).pages, pages, "span {r}: bitmap and slots disagree");
         }
         assert_eq!(ephemeral, self.policy.len(), "policy tracks the wrong number of pages");
         self.policy.validate();
@@ -443,7 +443,7 @@ mod tests {
     }
 
     #[test]
-    fn scattered_pages_share_extents_and_the_last_one_out_leaves_none() {
+    fn scattered_pages_share_spans_and_the_last_one_out_leaves_none() {
         // Pages of two pools' objects, dense and scattered, removed in an order unrelated to
         // the order they came in, with evictions between.
         let mut shard = Shard::new(Box::new(Lru::new()));
@@ -461,7 +461,7 @@ mod tests {
             }
         }
         shard.validate();
-        assert!(shard.extents.len() < keys.len(), "dense runs share extents");
+        assert!(shard.spans.len() < keys.len(), "dense runs share spans");
         for _ in 0..500 {
             let gone = shard.evict_one().expect("pages to evict");
             keys.retain(|k| *k != gone.key);
@@ -476,7 +476,7 @@ mod tests {
             }
         }
         shard.validate();
-        assert_eq!((shard.len(), shard.extents.len()), (0, 0), "nothing left behind");
+        assert_eq!((shard.len(), shard.spans.len()), (0, 0), "nothing left behind");
     }
 
     #[test]

@@ -1,32 +1,32 @@
-//! The extents of one shard: runs of 64 consecutive page indexes of one object, each
+//! The spans of one shard: runs of 64 consecutive page indexes of one object, each
 //! with a bitmap of the pages this shard holds in it.
 //!
-//! A slot names its page by an extent and a position (4 bytes) instead of repeating the
-//! pool, the object and the 8-byte index, and the extents of an object form a list, so
-//! invalidating an object walks its extents instead of the whole index. The objects fallow
+//! A slot names its page by a span and a position (4 bytes) instead of repeating the
+//! pool, the object and the 8-byte index, and the spans of an object form a list, so
+//! invalidating an object walks its spans instead of the whole index. The objects fallow
 //! is built for (volumes, files, 4 MiB backing objects) are dense: their pages share
-//! extents, and an extent's 36 bytes cost each of them well under a byte. A page alone in
-//! its run pays the whole extent, which is still less than the 24-byte slot and 20-byte
+//! spans, and a span's 36 bytes cost each of them well under a byte. A page alone in
+//! its run pays the whole span, which is still less than the 24-byte slot and 20-byte
 //! object entry it replaces for a one-page object.
 //!
-//! Two tables find extents: `by_key` by `(pool, object, run)`, for a put; `heads` by
-//! `(pool, object)`, the first extent of each object's list, for an invalidation. An object
-//! exists in this shard exactly while it has an extent here.
+//! Two tables find spans: `by_key` by `(pool, object, run)`, for a put; `heads` by
+//! `(pool, object)`, the first span of each object's list, for an invalidation. An object
+//! exists in this shard exactly while it has a span here.
 
 use fallow_core::{ObjectId, PoolId};
 
 use crate::id_table::IdTable;
 
-/// A dense id for one extent of a shard; reused once the extent has no page left.
-pub type ExtentRef = u32;
+/// A dense id for one span of a shard; reused once the span has no page left.
+pub type SpanRef = u32;
 
-/// The end of a list, and "no extent".
+/// The end of a list, and "no span".
 pub const NIL: u32 = u32::MAX;
 
-/// log2 of the pages of one extent.
+/// log2 of the pages of one span.
 pub const RUN_BITS: u32 = 6;
 
-/// The position of page `index` within its extent.
+/// The position of page `index` within its span.
 pub const fn position(index: u64) -> u32 {
     (index & ((1 << RUN_BITS) - 1)) as u32
 }
@@ -36,14 +36,14 @@ pub const fn run(index: u64) -> u64 {
     index >> RUN_BITS
 }
 
-/// Extent ids stay below this, so that `extent << RUN_BITS | position` never reaches
-/// [`NIL`] (`shard::Packed::loc`). A live extent holds at least one page, so a shard holds
+/// Span ids stay below this, so that `span << RUN_BITS | position` never reaches
+/// [`NIL`] (`shard::Packed::loc`). A live span holds at least one page, so a shard holds
 /// at most this many pages ([`super::MAX_PAGES`]).
-pub const MAX_EXTENTS: usize = (NIL >> RUN_BITS) as usize;
+pub const MAX_SPANS: usize = (NIL >> RUN_BITS) as usize;
 
-/// One extent, unpacked.
+/// One span, unpacked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Extent {
+pub struct Span {
     /// Its pool.
     pub pool: PoolId,
     /// Its object.
@@ -52,14 +52,14 @@ pub struct Extent {
     pub run: u64,
     /// Bit `p` set: the page at position `p` is in this shard.
     pub pages: u64,
-    /// The next extent of the same object (`NIL` at the end).
-    pub next: ExtentRef,
+    /// The next span of the same object (`NIL` at the end).
+    pub next: SpanRef,
     /// The pool is persistent (its pages are never evicted). Kept here rather than in
     /// each slot: every page of an object shares its pool, hence its kind.
     pub persistent: bool,
 }
 
-/// An [`Extent`] as stored: 36 bytes, aligned to 4 (the 64-bit fields as halves). A free
+/// An [`Span`] as stored: 36 bytes, aligned to 4 (the 64-bit fields as halves). A free
 /// entry has no page.
 #[derive(Debug, Clone, Copy)]
 struct Packed {
@@ -68,11 +68,11 @@ struct Packed {
     run: [u32; 2],
     pages: [u32; 2],
     pool: PoolId,
-    next: ExtentRef,
-    prev: ExtentRef,
+    next: SpanRef,
+    prev: SpanRef,
 }
 
-/// The bit of the run's high half that marks a persistent pool's extent.
+/// The bit of the run's high half that marks a persistent pool's span.
 const PERSISTENT: u32 = 1 << 31;
 
 fn split(x: u64) -> [u32; 2] {
@@ -84,8 +84,8 @@ fn join(x: [u32; 2]) -> u64 {
 }
 
 impl Packed {
-    fn get(&self) -> Extent {
-        Extent {
+    fn get(&self) -> Span {
+        Span {
             pool: self.pool,
             object: join(self.object),
             run: join([self.run[0], self.run[1] & !PERSISTENT]),
@@ -108,7 +108,7 @@ impl Packed {
     }
 
     fn key_hash(&self) -> u64 {
-        extent_hash(self.pool, join(self.object), self.run())
+        span_hash(self.pool, join(self.object), self.run())
     }
 
     fn object_hash(&self) -> u64 {
@@ -122,80 +122,80 @@ fn object_hash(pool: PoolId, object: ObjectId) -> u64 {
 }
 
 /// A well-mixed hash of `(pool, object, run)`.
-pub fn extent_hash(pool: PoolId, object: ObjectId, run: u64) -> u64 {
+pub fn span_hash(pool: PoolId, object: ObjectId, run: u64) -> u64 {
     super::mix64(object_hash(pool, object) ^ run.wrapping_mul(0xD6E8_FEB8_6659_FD93))
 }
 
-/// The extent table of one shard.
+/// The span table of one shard.
 #[derive(Default)]
-pub struct Extents {
+pub struct Spans {
     entries: Vec<Packed>,
-    free: Vec<ExtentRef>,
+    free: Vec<SpanRef>,
     by_key: IdTable,
     heads: IdTable,
-    /// Extents to expect at most (one per page of a full shard; [`Extents::expect`]).
+    /// Spans to expect at most (one per page of a full shard; [`Spans::expect`]).
     expected: usize,
 }
 
-impl Extents {
-    /// Says how many extents the shard may hold at most (as many as its pages, when no
+impl Spans {
+    /// Says how many spans the shard may hold at most (as many as its pages, when no
     /// two share a run): the tables and the entries grow to it, not past it
     /// ([`crate::dense::grow_capped`]). Shards of dense objects never get near it.
-    pub fn expect(&mut self, extents: usize) {
-        self.expected = extents;
-        self.by_key.expect(extents);
-        self.heads.expect(extents);
+    pub fn expect(&mut self, spans: usize) {
+        self.expected = spans;
+        self.by_key.expect(spans);
+        self.heads.expect(spans);
     }
 
-    /// Live extents.
+    /// Live spans.
     pub fn len(&self) -> usize {
         self.by_key.len()
     }
 
-    /// The live extent `r`.
-    pub fn get(&self, r: ExtentRef) -> Extent {
+    /// The live span `r`.
+    pub fn get(&self, r: SpanRef) -> Span {
         self.entries[r as usize].get()
     }
 
-    /// True when live extent `r` covers page `index` of `(pool, object)`: the lookup of
+    /// True when live span `r` covers page `index` of `(pool, object)`: the lookup of
     /// every get, without unpacking the entry.
     #[inline]
-    pub fn covers(&self, r: ExtentRef, pool: PoolId, object: ObjectId, index: u64) -> bool {
+    pub fn covers(&self, r: SpanRef, pool: PoolId, object: ObjectId, index: u64) -> bool {
         let e = &self.entries[r as usize];
         e.run() == run(index) && e.is_object(pool, object)
     }
 
-    /// True when extent `r` belongs to a persistent pool.
-    pub fn persistent(&self, r: ExtentRef) -> bool {
+    /// True when span `r` belongs to a persistent pool.
+    pub fn persistent(&self, r: SpanRef) -> bool {
         self.entries[r as usize].run[1] & PERSISTENT != 0
     }
 
-    /// The extent covering page `index` of `(pool, object)`, if it has a page here.
-    pub fn find(&self, pool: PoolId, object: ObjectId, index: u64) -> Option<ExtentRef> {
+    /// The span covering page `index` of `(pool, object)`, if it has a page here.
+    pub fn find(&self, pool: PoolId, object: ObjectId, index: u64) -> Option<SpanRef> {
         let entries = &self.entries;
-        let hash = extent_hash(pool, object, run(index));
+        let hash = span_hash(pool, object, run(index));
         self.by_key.find(hash, |r| {
             let e = &entries[r as usize];
             e.run() == run(index) && e.is_object(pool, object)
         })
     }
 
-    /// The first extent of `(pool, object)`'s list, if it has one here.
-    pub fn head(&self, pool: PoolId, object: ObjectId) -> Option<ExtentRef> {
+    /// The first span of `(pool, object)`'s list, if it has one here.
+    pub fn head(&self, pool: PoolId, object: ObjectId) -> Option<SpanRef> {
         let entries = &self.entries;
         self.heads.find(object_hash(pool, object), |r| entries[r as usize].is_object(pool, object))
     }
 
     /// Records page `index` of `(pool, object)`, of a pool that is `persistent` or not, and
-    /// returns its extent, made if the page is the first of its run. The page must not be
-    /// recorded yet. `None` when the shard has [`MAX_EXTENTS`] already.
+    /// returns its span, made if the page is the first of its run. The page must not be
+    /// recorded yet. `None` when the shard has [`MAX_SPANS`] already.
     pub fn add_page(
         &mut self,
         pool: PoolId,
         object: ObjectId,
         index: u64,
         persistent: bool,
-    ) -> Option<ExtentRef> {
+    ) -> Option<SpanRef> {
         let r = match self.find(pool, object, index) {
             Some(r) => r,
             None => self.add(pool, object, run(index), persistent)?,
@@ -209,7 +209,7 @@ impl Extents {
         Some(r)
     }
 
-    /// A new extent, with no page yet, second in its object's list (or first, and so in
+    /// A new span, with no page yet, second in its object's list (or first, and so in
     /// `heads`, if the object has none here): the head stays, so `heads` need not change.
     fn add(
         &mut self,
@@ -217,8 +217,8 @@ impl Extents {
         object: ObjectId,
         run: u64,
         persistent: bool,
-    ) -> Option<ExtentRef> {
-        if self.free.is_empty() && self.entries.len() >= MAX_EXTENTS {
+    ) -> Option<SpanRef> {
+        if self.free.is_empty() && self.entries.len() >= MAX_SPANS {
             return None;
         }
         let head = self.head(pool, object);
@@ -229,7 +229,7 @@ impl Extents {
         }
         let fresh =
             Packed { object: split(object), run: high, pages: [0, 0], pool, next: NIL, prev: NIL };
-        let Extents { entries, free, by_key, heads, expected } = self;
+        let Spans { entries, free, by_key, heads, expected } = self;
         let r = crate::dense::place_capped(entries, free, fresh, *expected);
         by_key.insert_unique(entries[r as usize].key_hash(), r, |x| entries[x as usize].key_hash());
         match head {
@@ -248,28 +248,28 @@ impl Extents {
         Some(r)
     }
 
-    /// Forgets the page at `position` of extent `r`, and the extent with its last page.
-    pub fn remove_page(&mut self, r: ExtentRef, position: u32) {
+    /// Forgets the page at `position` of span `r`, and the span with its last page.
+    pub fn remove_page(&mut self, r: SpanRef, position: u32) {
         let e = &mut self.entries[r as usize];
         let pages = join(e.pages);
         let bit = 1u64 << position;
-        debug_assert!(pages & bit != 0, "extent {r} has no page at {position}");
+        debug_assert!(pages & bit != 0, "span {r} has no page at {position}");
         e.pages = split(pages & !bit);
         if pages == bit {
             self.remove(r);
         }
     }
 
-    /// Takes empty extent `r` out of its object's list and the tables, and frees it.
-    fn remove(&mut self, r: ExtentRef) {
+    /// Takes empty span `r` out of its object's list and the tables, and frees it.
+    fn remove(&mut self, r: SpanRef) {
         let e = self.entries[r as usize];
-        debug_assert!(e.is_free(), "extent {r} removed with pages");
-        self.by_key.remove(e.key_hash(), |x| x == r).expect("a live extent is in by_key");
+        debug_assert!(e.is_free(), "span {r} removed with pages");
+        self.by_key.remove(e.key_hash(), |x| x == r).expect("a live span is in by_key");
         if e.prev == NIL {
             // The head: its successor, if any, takes its place in `heads`.
             if e.next != NIL {
                 let slot = self.heads.find_mut(e.object_hash(), |x| x == r);
-                *slot.expect("the first extent of an object is in heads") = e.next;
+                *slot.expect("the first span of an object is in heads") = e.next;
             } else {
                 self.heads.remove(e.object_hash(), |x| x == r).expect("the head is in heads");
             }
@@ -282,8 +282,8 @@ impl Extents {
         self.free.push(r);
     }
 
-    /// The extents of `(pool, object)` here.
-    pub fn of_object(&self, pool: PoolId, object: ObjectId) -> impl Iterator<Item = Extent> + '_ {
+    /// The spans of `(pool, object)` here.
+    pub fn of_object(&self, pool: PoolId, object: ObjectId) -> impl Iterator<Item = Span> + '_ {
         let mut r = self.head(pool, object).unwrap_or(NIL);
         std::iter::from_fn(move || {
             if r == NIL {
@@ -295,20 +295,20 @@ impl Extents {
         })
     }
 
-    /// Live extents, with their ids.
-    pub fn live(&self) -> impl Iterator<Item = (ExtentRef, Extent)> + '_ {
+    /// Live spans, with their ids.
+    pub fn live(&self) -> impl Iterator<Item = (SpanRef, Span)> + '_ {
         self.entries
             .iter()
             .enumerate()
             .filter(|(_, e)| !e.is_free())
-            .map(|(r, e)| (r as ExtentRef, e.get()))
+            .map(|(r, e)| (r as SpanRef, e.get()))
     }
 
     /// Heap bytes: the entries, the free list and the two tables.
     pub fn heap_bytes(&self) -> usize {
         use std::mem::size_of;
         self.entries.capacity() * size_of::<Packed>()
-            + self.free.capacity() * size_of::<ExtentRef>()
+            + self.free.capacity() * size_of::<SpanRef>()
             + self.by_key.heap_bytes()
             + self.heads.heap_bytes()
     }
@@ -316,31 +316,31 @@ impl Extents {
     /// Panics unless the tables, the entries, the lists and the free list agree.
     pub fn validate(&self) {
         let live = self.live().count();
-        assert_eq!(live, self.by_key.len(), "extent table and entries disagree");
-        assert_eq!(live + self.free.len(), self.entries.len(), "extent free list drifted");
+        assert_eq!(live, self.by_key.len(), "span table and entries disagree");
+        assert_eq!(live + self.free.len(), self.entries.len(), "span free list drifted");
         let mut listed = 0;
         for (r, e) in self.live() {
-            assert_eq!(self.find(e.pool, e.object, e.run << RUN_BITS), Some(r), "extent {r}");
+            assert_eq!(self.find(e.pool, e.object, e.run << RUN_BITS), Some(r), "span {r}");
             let p = self.entries[r as usize].prev;
             if p == NIL {
-                assert_eq!(self.head(e.pool, e.object), Some(r), "extent {r}: a head not in heads");
+                assert_eq!(self.head(e.pool, e.object), Some(r), "span {r}: a head not in heads");
                 let mut at = r;
                 let mut prev = NIL;
                 while at != NIL {
                     let x = &self.entries[at as usize];
-                    assert!(!x.is_free(), "free extent {at} in the list of {r}");
-                    assert!(x.is_object(e.pool, e.object), "extent {at} in another object's list");
-                    assert_eq!(x.prev, prev, "extent {at}: broken back link");
+                    assert!(!x.is_free(), "free span {at} in the list of {r}");
+                    assert!(x.is_object(e.pool, e.object), "span {at} in another object's list");
+                    assert_eq!(x.prev, prev, "span {at}: broken back link");
                     listed += 1;
-                    assert!(listed <= live, "a cycle in the list of extent {r}");
+                    assert!(listed <= live, "a cycle in the list of span {r}");
                     prev = at;
                     at = x.next;
                 }
             }
         }
-        assert_eq!(listed, live, "object lists and extents disagree");
+        assert_eq!(listed, live, "object lists and spans disagree");
         for &r in &self.free {
-            assert!(self.entries[r as usize].is_free(), "free extent {r} has pages");
+            assert!(self.entries[r as usize].is_free(), "free span {r} has pages");
         }
         let entries = &self.entries;
         self.by_key.validate(|x| entries[x as usize].key_hash());
@@ -353,9 +353,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_extent_packs_into_36_bytes_and_round_trips() {
+    fn a_span_packs_into_36_bytes_and_round_trips() {
         assert_eq!(std::mem::size_of::<Packed>(), 36);
-        let mut t = Extents::default();
+        let mut t = Spans::default();
         for (pool, object, index, persistent) in
             [(u32::MAX, u64::MAX, u64::MAX, true), (7, 0, 0, false), (7, 0, 65, false)]
         {
@@ -371,11 +371,11 @@ mod tests {
     }
 
     #[test]
-    fn pages_of_one_run_share_an_extent_and_its_last_page_frees_it() {
-        let mut t = Extents::default();
+    fn pages_of_one_run_share_a_span_and_its_last_page_frees_it() {
+        let mut t = Spans::default();
         let a = t.add_page(PoolId(1), 9, 128, false).unwrap();
         let b = t.add_page(PoolId(1), 9, 191, false).unwrap();
-        assert_eq!(a, b, "one run, one extent");
+        assert_eq!(a, b, "one run, one span");
         let c = t.add_page(PoolId(1), 9, 192, false).unwrap();
         assert_ne!(a, c, "the next run has its own");
         assert_eq!(t.len(), 2);
@@ -391,11 +391,11 @@ mod tests {
     }
 
     #[test]
-    fn an_object_lists_exactly_its_extents_whichever_goes_first() {
-        // Remove the head, a middle extent and the tail of one object's list, with another
-        // object's extents in between, and check the lists and `heads` after each.
+    fn an_object_lists_exactly_its_spans_whichever_goes_first() {
+        // Remove the head, a middle span and the tail of one object's list, with another
+        // object's spans in between, and check the lists and `heads` after each.
         for order in [[0, 1, 2, 3], [3, 2, 1, 0], [1, 3, 0, 2], [2, 0, 3, 1]] {
-            let mut t = Extents::default();
+            let mut t = Spans::default();
             let mut refs = Vec::new();
             for i in 0..4u64 {
                 refs.push(t.add_page(PoolId(1), 5, i * 64, false).unwrap());
