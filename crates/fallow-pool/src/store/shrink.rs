@@ -5,7 +5,8 @@
 //! there if room is short), and releases the segments whole. Their ephemeral pages are not
 //! visited one by one: their contents keep naming frames of a segment that is no longer
 //! mapped, read as dead, and let go of it as the index drops them. So a step costs a scan
-//! of the chosen segments' owner slots plus the pinned pages it moves. Segments are chosen
+//! of the chosen segments' flag bytes (a content's id is its frame's number, mostly:
+//! `places.rs`) plus the pinned pages it moves, which keep their ids. Segments are chosen
 //! a whole extent (8 adjacent segments, one mapping) at a time where possible, because the
 //! kernel charges per call: an emptied extent is handed back to be unmapped in one call
 //! after the store lock is released.
