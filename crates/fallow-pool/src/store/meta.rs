@@ -4,7 +4,7 @@
 //!
 //! Most contents of a cache have exactly one reference (dedup finds a second copy of a
 //! few pages only), so a count in every record would cost 2 bytes, and with the flags and
-//! alignment 4, a third of a 12-byte record, for a number that is almost always 1. Here a
+//! alignment 4, half again an 8-byte record, for a number that is almost always 1. Here a
 //! content's references are: 0 when it is not `LIVE`, its entry in `shared` when it is
 //! `SHARED`, else 1.
 

@@ -694,7 +694,7 @@ impl Store {
     }
 
     /// Panics unless every content's reference count equals `refs[id]` (as counted from
-    /// the index) and the arena, owner table and dedup table agree.
+    /// the index) and the arena, the places (each frame's owner) and the dedup table agree.
     pub fn validate(&self, refs: &HashMap<ContentId, u32>) {
         self.arena.validate();
         let mut pinned = vec![0u32; self.pinned.len()];
