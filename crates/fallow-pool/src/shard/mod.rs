@@ -276,8 +276,8 @@ impl Shard {
     /// Slot ids of every page of `object` in `pool`.
     pub fn object_pages(&self, pool: PoolId, object: ObjectId) -> Vec<SlotId> {
         let mut ids = Vec::new();
-        for e in self.spans.of_object(pool, object) {
-            self.collect_span(&e, &mut ids);
+        for (r, e) in self.spans.of_object(pool, object) {
+            self.collect_span(r, &e, &mut ids);
         }
         ids
     }
@@ -285,9 +285,9 @@ impl Shard {
     /// Slot ids of every page of `pool`.
     pub fn pool_pages(&self, pool: PoolId) -> Vec<SlotId> {
         let mut ids = Vec::new();
-        for (_, e) in self.spans.live() {
+        for (r, e) in self.spans.live() {
             if e.pool == pool {
-                self.collect_span(&e, &mut ids);
+                self.collect_span(r, &e, &mut ids);
             }
         }
         ids
@@ -296,17 +296,16 @@ impl Shard {
     /// Pushes the slot id of each page of span `e`, found through the index: a slot
     /// keeps no link to its neighbours, which would cost 8 bytes a page to save a hash
     /// per page of an invalidation.
-    fn collect_span(&self, e: &spans::Span, ids: &mut Vec<SlotId>) {
+    fn collect_span(&self, r: SpanRef, e: &spans::Span, ids: &mut Vec<SlotId>) {
         let mut bits = e.pages;
         while bits != 0 {
-            let key = PageKey::new(
-                e.pool,
-                e.object,
-                e.run << RUN_BITS | u64::from(bits.trailing_zeros()),
-            );
+            let at = bits.trailing_zeros();
             bits &= bits - 1;
-            let (id, _) = self.lookup(&key, key_hash(&key)).expect("a span's page is indexed");
-            ids.push(id);
+            let key = PageKey::new(e.pool, e.object, e.run << RUN_BITS | u64::from(at));
+            let loc = r << RUN_BITS | at;
+            let slots = &self.slots;
+            let id = self.index.find(key_hash(&key), |id| slots[id as usize].loc == loc);
+            ids.push(id.expect("a span's page is indexed"));
         }
     }
 

@@ -283,15 +283,19 @@ impl Spans {
     }
 
     /// The spans of `(pool, object)` here.
-    pub fn of_object(&self, pool: PoolId, object: ObjectId) -> impl Iterator<Item = Span> + '_ {
+    pub fn of_object(
+        &self,
+        pool: PoolId,
+        object: ObjectId,
+    ) -> impl Iterator<Item = (SpanRef, Span)> + '_ {
         let mut r = self.head(pool, object).unwrap_or(NIL);
         std::iter::from_fn(move || {
             if r == NIL {
                 return None;
             }
-            let e = self.get(r);
+            let (this, e) = (r, self.get(r));
             r = e.next;
-            Some(e)
+            Some((this, e))
         })
     }
 
@@ -407,7 +411,7 @@ mod tests {
                 t.remove_page(refs[k], 0);
                 left.retain(|&x| x != k as u64);
                 t.validate();
-                let mut runs: Vec<u64> = t.of_object(PoolId(1), 5).map(|e| e.run).collect();
+                let mut runs: Vec<u64> = t.of_object(PoolId(1), 5).map(|(_, e)| e.run).collect();
                 runs.sort_unstable();
                 assert_eq!(runs, left);
                 assert_eq!(t.of_object(PoolId(1), 6).count(), 4, "the other object is intact");

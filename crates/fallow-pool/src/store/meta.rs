@@ -164,8 +164,8 @@ impl Meta {
         self.bits.frames(first, n)
     }
 
-    /// Flags meaning "its bytes are in the frame its id names": live, no exception, not
-    /// dead. For tests of [`Meta::flags`] and of [`Meta::of_frames`]' bytes.
+    /// True when `flags` (a byte of [`Meta::flags`] or [`Meta::of_frames`]) say the
+    /// content's bytes are in the frame its id names: live, no exception, not dead.
     pub const fn in_own_frame(flags: u8) -> bool {
         flags & (LIVE | EXCEPTION | DEAD) == LIVE
     }

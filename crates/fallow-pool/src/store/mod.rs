@@ -54,7 +54,7 @@ pub type ContentId = u32;
 
 /// Where a content's bytes are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Place {
+enum Place {
     Frame(FrameId),
     /// lz4 bytes in `Store::blobs`.
     Compressed,
