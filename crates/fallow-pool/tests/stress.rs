@@ -62,19 +62,50 @@ fn worker(engine: Arc<Engine>, pools: [PoolId; 2], seed: u64, stop: Arc<AtomicBo
     ops
 }
 
-#[test]
-fn threads_never_see_wrong_or_torn_pages() {
+/// An engine of `budget_pages` in `shards` whose compressor runs every millisecond, with
+/// a compressing ephemeral pool and a persistent pool of `quota` pages.
+fn compressing_engine(
+    budget_pages: usize,
+    shards: usize,
+    quota: u64,
+) -> (Arc<Engine>, [PoolId; 2]) {
     let engine = Arc::new(Engine::new(
-        EngineBuilder::new(512 * PAGE_SIZE)
-            .shards(4)
+        EngineBuilder::new(budget_pages * PAGE_SIZE)
+            .shards(shards)
             .compress_interval(Some(Duration::from_millis(1)))
             .build()
             .unwrap(),
     ));
     let pools = [
         engine.create_pool(&PoolSpec::ephemeral().compress(true)).unwrap(),
-        engine.create_pool(&PoolSpec::persistent().quota_pages(400)).unwrap(),
+        engine.create_pool(&PoolSpec::persistent().quota_pages(quota)).unwrap(),
     ];
+    (engine, pools)
+}
+
+/// Cycles the budget through `pages`, one change every `every`, for `seconds`; then stops
+/// the worker `threads` and returns how many operations they ran.
+fn change_budgets_then_stop(
+    engine: &Engine,
+    pages: &[usize],
+    every: Duration,
+    seconds: u64,
+    stop: &AtomicBool,
+    threads: Vec<std::thread::JoinHandle<u64>>,
+) -> u64 {
+    let started = Instant::now();
+    let mut budgets = pages.iter().cycle();
+    while started.elapsed() < Duration::from_secs(seconds) {
+        engine.set_budget(budgets.next().unwrap() * PAGE_SIZE);
+        std::thread::sleep(every);
+    }
+    stop.store(true, Ordering::Relaxed);
+    threads.into_iter().map(|t| t.join().unwrap()).sum()
+}
+
+#[test]
+fn threads_never_see_wrong_or_torn_pages() {
+    let (engine, pools) = compressing_engine(512, 4, 400);
     let stop = Arc::new(AtomicBool::new(false));
     let threads: Vec<_> = (0..4)
         .map(|t| {
@@ -82,15 +113,10 @@ fn threads_never_see_wrong_or_torn_pages() {
             std::thread::spawn(move || worker(engine, pools, t, stop))
         })
         .collect();
-    // A fifth thread changes the budget under the workers' feet.
-    let started = Instant::now();
-    let mut budgets = [128, 512, 64, 1024, 256].iter().cycle();
-    while started.elapsed() < Duration::from_secs(3) {
-        engine.set_budget(budgets.next().unwrap() * PAGE_SIZE);
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    stop.store(true, Ordering::Relaxed);
-    let ops: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    // The test's own thread changes the budget under the workers' feet.
+    let budgets = [128, 512, 64, 1024, 256];
+    let ops =
+        change_budgets_then_stop(&engine, &budgets, Duration::from_millis(20), 3, &stop, threads);
     assert!(ops > 10_000, "only {ops} operations ran");
     engine.validate();
     assert_eq!(engine.stats().corruptions, 0, "a torn copy fails its checksum");
@@ -181,17 +207,7 @@ fn shared_page(class: u64, version: u64) -> Vec<u8> {
 /// compressor runs: every hit is whole and of the key's class.
 #[test]
 fn threads_sharing_pages_never_see_wrong_or_torn_ones() {
-    let engine = Arc::new(Engine::new(
-        EngineBuilder::new(256 * PAGE_SIZE)
-            .shards(8)
-            .compress_interval(Some(Duration::from_millis(1)))
-            .build()
-            .unwrap(),
-    ));
-    let pools = [
-        engine.create_pool(&PoolSpec::ephemeral().compress(true)).unwrap(),
-        engine.create_pool(&PoolSpec::persistent().quota_pages(200)).unwrap(),
-    ];
+    let (engine, pools) = compressing_engine(256, 8, 200);
     let stop = Arc::new(AtomicBool::new(false));
     let threads: Vec<_> = (0..4u64)
         .map(|t| {
@@ -223,14 +239,9 @@ fn threads_sharing_pages_never_see_wrong_or_torn_ones() {
             })
         })
         .collect();
-    let started = Instant::now();
-    let mut budgets = [64, 256, 32, 512].iter().cycle();
-    while started.elapsed() < Duration::from_secs(2) {
-        engine.set_budget(budgets.next().unwrap() * PAGE_SIZE);
-        std::thread::sleep(Duration::from_millis(15));
-    }
-    stop.store(true, Ordering::Relaxed);
-    let ops: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    let budgets = [64, 256, 32, 512];
+    let ops =
+        change_budgets_then_stop(&engine, &budgets, Duration::from_millis(15), 2, &stop, threads);
     assert!(ops > 10_000, "only {ops} operations ran");
     engine.validate();
     let stats = engine.stats();
