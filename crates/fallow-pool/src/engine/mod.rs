@@ -29,9 +29,9 @@ use crate::compress::Compressor;
 use crate::config::{EngineConfig, MAX_BUDGET_BYTES};
 use crate::eviction;
 use crate::pools::{self, Counter, PoolCounters, PoolSnapshot, PoolState, PoolTable};
-use crate::shard::{key_hash, run_hash, Shard, Slot, Value};
+use crate::shard::{key_hash, run_hash, Shard, Slot, Value, Visit};
 use crate::stats::{BudgetReport, EngineStats, MemoryUsage, PoolStats};
-use crate::store::{ShrinkReport, Store};
+use crate::store::{Compression, ShrinkReport, Store};
 use crate::sweep::{SweepReport, SweepState};
 
 /// Segments released per store-lock hold when shrinking: one extent, so that a step
@@ -67,6 +67,8 @@ pub(crate) struct Inner {
     pub(crate) store: RwLock<Store>,
     /// The most index entries one shard may hold.
     entries_per_shard: AtomicUsize,
+    /// The shard the next compression pass starts in (modulo their number).
+    compress_turn: AtomicUsize,
     /// The background removal of dropped pages' index entries (`sweep.rs`).
     pub(crate) sweep: SweepState,
     config: EngineConfig,
@@ -105,6 +107,7 @@ impl Engine {
             shards,
             store: RwLock::new(Store::new(config.budget_bytes)),
             entries_per_shard: AtomicUsize::new(entry_limit(per_shard, config.entries_per_frame)),
+            compress_turn: AtomicUsize::new(0),
             sweep: SweepState::default(),
             config,
         });
@@ -277,10 +280,37 @@ impl Inner {
         self.shards.iter().map(|s| s.lock()).collect()
     }
 
-    /// One compression pass of at most `max` cold pages (it replaces their frames).
+    /// One compression pass: compresses at most `max` cold pages, looking at no more than
+    /// four times as many, and returns how many it compressed. It walks index entries, not
+    /// contents, so that it can write a compressed page's new id into the entry naming it
+    /// (`store/compress.rs`); each shard keeps its own hand, and the shard a pass starts in
+    /// takes turns, so a pass that ends early does not always favour the first ones.
     pub(crate) fn compress_pass(&self, max: usize) -> usize {
-        let _shards = self.lock_all_shards();
-        self.store.write().compress_pass(max)
+        let mut shards = self.lock_all_shards();
+        let mut store = self.store.write();
+        let (mut done, mut examined) = (0, 0);
+        let n = shards.len();
+        let first = self.compress_turn.fetch_add(1, Ordering::Relaxed);
+        for k in 0..n {
+            shards[(first + k) % n].walk_contents(|id| {
+                if done == max || examined == max.saturating_mul(4) {
+                    return Visit::Stop;
+                }
+                examined += 1;
+                match store.compress(id) {
+                    Compression::Left => Visit::Next,
+                    Compression::Kept => {
+                        done += 1;
+                        Visit::Next
+                    }
+                    Compression::Renamed(new) => {
+                        done += 1;
+                        Visit::Rename(new)
+                    }
+                }
+            });
+        }
+        done
     }
 
     /// Forgets a removed slot's page: drops its content reference and its pool's count.

@@ -110,6 +110,17 @@ impl Packed {
     }
 }
 
+/// What [`Shard::walk_contents`] does after visiting an entry's content.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Visit {
+    /// Go on to the next entry.
+    Next,
+    /// The entry names this content from now on; go on.
+    Rename(ContentId),
+    /// Stop here.
+    Stop,
+}
+
 /// An index shard.
 pub struct Shard {
     index: IdTable,
@@ -120,6 +131,8 @@ pub struct Shard {
     policy: Box<dyn Eviction>,
     /// Slots to expect when the shard is full ([`Shard::expect`]).
     expected: usize,
+    /// Where the compressor's walk goes on ([`Shard::walk_contents`]).
+    compress_hand: usize,
 }
 
 /// The key of live slot `id`.
@@ -140,6 +153,7 @@ impl Shard {
             fills: Fills::default(),
             policy,
             expected: 0,
+            compress_hand: 0,
         }
     }
 
@@ -306,6 +320,29 @@ impl Shard {
             let slots = &self.slots;
             let id = self.index.find(key_hash(&key), |id| slots[id as usize].loc == loc);
             ids.push(id.expect("a span's page is indexed"));
+        }
+    }
+
+    /// Visits the contents this shard's entries name, one turn of the slots at most, from
+    /// where the last walk stopped (the compressor's clock hand). `visit` says whether to
+    /// go on, and may give the entry a new content id (`Visit::Rename`: the store moved the
+    /// content to it). The entry it stops at is the first of the next walk.
+    pub fn walk_contents(&mut self, mut visit: impl FnMut(ContentId) -> Visit) {
+        let n = self.slots.len();
+        for _ in 0..n {
+            let at = self.compress_hand % n;
+            let s = &mut self.slots[at];
+            if !s.is_free() && s.value & FILL == 0 {
+                match visit(s.value) {
+                    Visit::Stop => return,
+                    Visit::Next => {}
+                    Visit::Rename(id) => {
+                        debug_assert!(id & FILL == 0, "content id {id} over the limit");
+                        s.value = id;
+                    }
+                }
+            }
+            self.compress_hand = (at + 1) % n;
         }
     }
 

@@ -4,7 +4,9 @@
 //! Index entries name a [`ContentId`], never a frame, so compaction and compression can
 //! move bytes without touching them. A content's id is the number of the frame it was
 //! first stored in (so its place costs nothing), unless that number was taken; moved and
-//! compressed contents keep their id and become exceptions (`places.rs`). A content is
+//! compressed contents become exceptions (`places.rs`): a moved one keeps its id, a
+//! compressed one with a single entry takes a new one, which the compressor writes into
+//! that entry, so that its frame is reused under its own number (`compress.rs`). A content is
 //! reference-counted by the index entries that name it; it is freed when the last one goes.
 //!
 //! ```text
@@ -35,12 +37,14 @@ use crate::content::{content_hash, hash_tag, tag_key, Digest};
 use fallow_core::DedupScope;
 
 mod by_id;
+mod compress;
 mod meta;
 mod places;
 mod shrink;
 
 use by_id::{ById, VIRTUAL_BASE};
-use meta::{Meta, COMPRESSIBLE, HASHED, LIVE, PINNED};
+pub use compress::Compression;
+use meta::{Meta, HASHED, LIVE, PINNED};
 use places::Exceptions;
 pub use shrink::ShrinkReport;
 
@@ -70,7 +74,7 @@ const MAX_REFS: u16 = u16::MAX;
 /// A content's record: 8 bytes. Its place is its id's frame unless an exception says
 /// otherwise ([`places`]); its flags and reference count are kept beside it ([`meta`]),
 /// one byte for most contents.
-#[derive(Default)]
+#[derive(Clone, Copy, Default)]
 struct Content {
     /// The dedup hash's tag (`hash_tag`: its low 32 bits), valid when `HASHED` is set. The
     /// dedup table finds a content by it ([`Content::key`]); two different pages share a
@@ -243,8 +247,6 @@ pub struct Store {
     blobs: HashMap<ContentId, Box<[u8]>>,
     blob_bytes: usize,
     budget_bytes: usize,
-    /// The compressor's clock hand over content ids (a position in `contents`).
-    hand: usize,
     /// Where a shrink looks next for an unpinned page to drop (a hand over frames).
     cursor: usize,
     corruptions: u64,
@@ -271,7 +273,6 @@ impl Store {
             blobs: HashMap::new(),
             blob_bytes: 0,
             budget_bytes,
-            hand: 0,
             cursor: 0,
             corruptions: 0,
             dropped: 0,
@@ -613,55 +614,6 @@ impl Store {
             self.unhash(id);
         }
         Read::Corrupt
-    }
-
-    fn decompress(&self, id: ContentId, out: &mut [u8]) -> bool {
-        let Some(blob) = self.blobs.get(&id) else { return false };
-        matches!(lz4_flex::block::decompress_into(blob, out), Ok(n) if n == PAGE_SIZE)
-    }
-
-    /// Compresses up to `max` contents that were not read since the last pass (a clock
-    /// with one reference bit). Returns how many were compressed.
-    pub fn compress_pass(&mut self, max: usize) -> usize {
-        let n = self.contents.len();
-        let (mut done, mut examined) = (0, 0);
-        // Ids are frame numbers, so free ones are interleaved with the others: they cost a
-        // byte's test each and do not count against the pass's bound.
-        for _ in 0..n {
-            if done == max || examined == max.saturating_mul(4) {
-                break;
-            }
-            let id = self.contents.id_at(self.hand % n);
-            self.hand = (self.hand + 1) % n;
-            if !self.meta.has(id, LIVE) {
-                continue;
-            }
-            examined += 1;
-            if !self.meta.has(id, COMPRESSIBLE) {
-                continue;
-            }
-            let Place::Frame(frame) = self.place(id) else { continue };
-            if !self.arena.is_live(frame) {
-                continue;
-            }
-            if self.meta.take_read(id) {
-                continue;
-            }
-            let packed = lz4_flex::block::compress(self.arena.bytes(frame));
-            // Worth it only if it frees at least an eighth of a frame.
-            if packed.len() > PAGE_SIZE - PAGE_SIZE / 8 {
-                self.meta.clear(id, COMPRESSIBLE);
-                continue;
-            }
-            self.set_place(id, Place::Compressed);
-            self.move_pin(id, Some(frame), None);
-            self.arena.free(frame);
-            self.blob_bytes += packed.len();
-            self.blobs.insert(id, packed.into_boxed_slice());
-            self.refresh_frame_limit();
-            done += 1;
-        }
-        done
     }
 
     /// Current numbers, for stats.

@@ -6,11 +6,16 @@
 //! no place field, no frame → content table. The exceptions, each an entry in `by_id` (and
 //! in `by_frame` when its bytes are in a frame, so that a frame's owner can be found):
 //!
-//! * a compressed content (its frame went back to the arena; it keeps its id);
+//! * a compressed content (its frame went back to the arena). If one index entry names
+//!   it, it takes a new virtual id, which the compressor writes into that entry, so that
+//!   its frame's number is free for the next content put there (`compress.rs`); if
+//!   several do, it keeps its id;
 //! * a persistent page a shrink moved to another frame (it keeps its id: the index entries
 //!   naming it are not rewritten);
 //! * a new content whose frame's number is still held by one of those (it takes a
-//!   *virtual* id, 2³⁰ and up, from `by_id.rs`).
+//!   *virtual* id, 2³⁰ and up, from `by_id.rs`): since compressed contents named once are
+//!   renamed, only a shared compressed content or a moved page holds a frame's number
+//!   this way.
 //!
 //! A content whose bytes are gone is marked `DEAD` instead.
 //!
@@ -147,7 +152,7 @@ mod tests {
     use super::*;
     use crate::arena::FRAMES_PER_SEGMENT;
     use crate::content::Digest;
-    use crate::store::{InternOptions, ShrinkReport};
+    use crate::store::{Compression, InternOptions, ShrinkReport};
     use fallow_core::{DedupScope, PAGE_SIZE};
 
     const DOMAIN: DedupScope = DedupScope::Domain(fallow_core::TrustDomain(0));
@@ -170,20 +175,53 @@ mod tests {
     }
 
     #[test]
-    fn a_compressed_content_keeps_its_id_and_a_page_put_in_its_frame_takes_another() {
+    fn a_compressed_content_named_once_takes_a_new_id_and_its_frame_keeps_its_number() {
         let mut store = Store::new(4 * PAGE_SIZE);
         let compressible = InternOptions { pinned: false, compressible: true };
         let a = put(&mut store, 1, compressible);
         let frame = FrameId::from_raw(a);
+        assert_eq!(store.compress(a), Compression::Left, "a new content counts as just read");
+        let Compression::Renamed(v) = store.compress(a) else { panic!("not renamed") };
+        assert!(v >= VIRTUAL_BASE, "renamed to {v}");
+        assert_eq!(store.place(v), Place::Compressed);
+        assert!(!store.meta.has(a, LIVE), "the old id is free");
+        assert!(reads(&store, v, 1));
+        let b = put(&mut store, 2, InternOptions::default());
+        assert_eq!(b, a, "the frame goes back with its number free");
+        assert_eq!((store.place(b), store.owner(frame)), (Place::Frame(frame), Some(b)));
+        store.validate(&HashMap::from([(v, 1), (b, 1)]));
+        // The dedup table follows the rename: the same bytes again share the new id.
+        assert_eq!(put(&mut store, 1, compressible), v);
+        store.validate(&HashMap::from([(v, 2), (b, 1)]));
+        store.release(v);
+        store.release(v);
+        store.validate(&HashMap::from([(b, 1)]));
+        let c = put(&mut store, 3, compressible);
+        assert!(c < VIRTUAL_BASE, "frame numbers first, not the freed virtual id: {c}");
+        let Compression::Renamed(w) = (store.compress(c), store.compress(c)).1 else {
+            panic!("not renamed")
+        };
+        assert_eq!(w, v, "freed virtual ids are reused");
+        store.validate(&HashMap::from([(b, 1), (w, 1)]));
+    }
+
+    #[test]
+    fn a_compressed_content_named_twice_keeps_its_id_and_a_page_put_in_its_frame_takes_another() {
+        let mut store = Store::new(4 * PAGE_SIZE);
+        let compressible = InternOptions { pinned: false, compressible: true };
+        let a = put(&mut store, 1, compressible);
+        assert_eq!(put(&mut store, 1, compressible), a, "shared");
+        let frame = FrameId::from_raw(a);
         assert_eq!(store.place(a), Place::Frame(frame), "a new content's id is its frame");
-        store.compress_pass(8); // The first pass sees it as just read.
-        assert_eq!(store.compress_pass(8), 1);
+        assert_eq!(store.compress(a), Compression::Left, "a new content counts as just read");
+        assert_eq!(store.compress(a), Compression::Kept);
         assert_eq!(store.place(a), Place::Compressed);
         let b = put(&mut store, 2, InternOptions::default());
         assert!(b >= VIRTUAL_BASE, "frame {a} is free again but its number is taken: {b}");
         assert_eq!((store.place(b), store.owner(frame)), (Place::Frame(frame), Some(b)));
         assert!(reads(&store, a, 1) && reads(&store, b, 2));
-        store.validate(&HashMap::from([(a, 1), (b, 1)]));
+        store.validate(&HashMap::from([(a, 2), (b, 1)]));
+        store.release(a);
         store.release(a);
         store.validate(&HashMap::from([(b, 1)]));
         store.release(b);
