@@ -1,5 +1,5 @@
-//! Dense 32-bit ids over a `Vec`, recycled through a free list: how slots, contents, object
-//! entries and fill words get their ids, so that other tables can name them in 4 bytes.
+//! Dense 32-bit ids over a `Vec`, recycled through a free list: how slots, spans and fill
+//! words get their ids, so that other tables can name them in 4 bytes.
 
 /// Stores `value` under a free id if there is one, else under a new one at the end, and
 /// returns the id.
@@ -66,7 +66,7 @@ pub(crate) fn grow<T>(entries: &mut Vec<T>, len: usize, expected: usize) {
 }
 
 /// Makes room in `entries` for `len` entries, doubling as `Vec` does but stopping at `cap`
-/// (a bound, such as the most objects a shard could hold, rather than an expectation);
+/// (a bound, such as the most spans a shard could hold, rather than an expectation);
 /// past it, by a quarter; with no bound (0), doubling.
 pub(crate) fn grow_capped<T>(entries: &mut Vec<T>, len: usize, cap: usize) {
     let now = entries.capacity();
@@ -90,8 +90,11 @@ pub(crate) fn resident_bytes<T>(entries: &[T]) -> usize {
 }
 
 /// Ids to expect in a shard's tables when it holds `pages` pages when full: keys fall into
-/// shards by hash, so a shard's share of a full cache varies by a few standard deviations
-/// (√pages) around its mean; room for four of them keeps a full shard from growing.
+/// shards by hash (whole runs of 64 at a time, `shard::run_hash`), so a shard's share of a
+/// full cache varies around its mean: by √pages per standard deviation if keys went one by
+/// one, and up to √64 = 8 times that when every run is full. Room for four of the first
+/// keeps full shards of scattered keys from growing; with dense objects a shard may pass
+/// it, and its tables then grow a few groups at a time.
 pub(crate) fn with_headroom(pages: usize) -> usize {
     pages + 4 * (pages as f64).sqrt() as usize + 16
 }

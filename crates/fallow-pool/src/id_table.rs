@@ -1,6 +1,7 @@
 //! A hash table of 32-bit ids whose size can be any number of buckets, not only a power
 //! of two, for the engine's per-page tables: the shard's index (key → slot id), the
-//! store's dedup table (content hash → content id) and the shard's object table.
+//! store's dedup table (content hash → content id) and the shard's span tables
+//! (`shard/spans.rs`: by run, and by object for the head of each object's list).
 //!
 //! Why not `hashbrown`: its bucket count is a power of two, so a table's load is anywhere
 //! between 7/16 and 7/8 depending on where its size falls (lent budgets are often powers

@@ -148,7 +148,8 @@ pub struct BudgetReport {
     pub shrink: ShrinkReport,
     /// Time the whole change took, unmapping included.
     pub elapsed: Duration,
-    /// The longest single hold of the store lock: how long a get could have waited.
+    /// The longest single hold of every shard lock and the store's (one shrink step): how
+    /// long a get could have waited.
     pub longest_hold: Duration,
 }
 

@@ -4,7 +4,7 @@
 //! contents: finding every index entry that names one would mean visiting every slot
 //! while the shrink holds the shards and the store. So the entries stay behind, a miss for
 //! whoever reads them next; until then they count as pages in the stats and keep their
-//! metadata (about 100 bytes each: some 25 MiB after giving back 1 GiB of pages).
+//! metadata (about 30–40 bytes each: some 10 MiB after giving back 1 GiB of pages).
 //!
 //! The sweep removes them after the shrink, on a thread of its own so that `set_budget`
 //! (and the governor calling it) returns as soon as the memory is back: it visits the

@@ -36,7 +36,7 @@ use crate::sweep::{SweepReport, SweepState};
 
 /// Segments released per store-lock hold when shrinking: one extent, so that a step
 /// usually empties one mapping (one `munmap`, after the lock). Bounds how long a get can
-/// wait behind a shrink: each segment costs a scan of its 512 owner slots, plus any
+/// wait behind a shrink: each segment costs a scan of its 512 content flag bytes, plus any
 /// persistent pages it moves.
 const SHRINK_STEP_SEGMENTS: usize = crate::arena::EXTENT_SEGMENTS;
 
@@ -56,14 +56,15 @@ pub(crate) struct Inner {
     pub(crate) pools: RwLock<PoolTable>,
     /// The live pools as of the last change of `pools`, published under its write lock.
     pub(crate) pool_snapshot: PoolSnapshot,
-    /// Index shards, chosen by the high bits of the key hash. `parking_lot` mutexes: each is
+    /// Index shards, chosen by the high bits of the hash of the key's run of 64 indexes
+    /// (`shard::run_hash`). `parking_lot` mutexes: each is
     /// held for one index operation (with a get's copy of its page) and never across
     /// blocking work; all of them by a shrink step and a compression pass.
     pub(crate) shards: Box<[Mutex<Shard>]>,
     /// Page bytes, checksums, dedup table. Taken after a shard lock: for reading by a get's
     /// lookup of its frame (several at once; the copy comes after), for writing by
-    /// everything that changes the store (a put's copy in, a release, a compression pass, a
-    /// shrink step).
+    /// everything that changes the store (a put's new frame and, after its copy, its dedup
+    /// entry; a release; a compression pass; a shrink step).
     pub(crate) store: RwLock<Store>,
     /// The most index entries one shard may hold.
     entries_per_shard: AtomicUsize,
@@ -81,8 +82,8 @@ impl std::fmt::Debug for Engine {
 }
 
 /// The most index entries a shard of `frames` budget frames may hold: `entries_per_frame`
-/// for each, up to what a shard can index at all ([`crate::shard::MAX_PAGES`], 2²⁶, reached
-/// only by budgets over 2 TiB in 8 shards).
+/// for each, up to what a shard can index at all ([`crate::shard::MAX_PAGES`], 2²⁶: reached
+/// from 2²⁶ / `entries_per_frame` frames a shard, 64 GiB with the default 4).
 fn entry_limit(frames: usize, entries_per_frame: usize) -> usize {
     frames.saturating_mul(entries_per_frame).min(crate::shard::MAX_PAGES)
 }
@@ -130,7 +131,8 @@ impl Engine {
     }
 
     /// Changes the lent budget while running. Growing maps segments on demand; shrinking
-    /// returns whole segments to the OS, a few per hold of the store lock, dropping the
+    /// returns whole segments to the OS, a few per hold of every shard lock and the store's,
+    /// dropping the
     /// ephemeral pages in them. Persistent pages are never dropped: when they alone exceed
     /// the new budget, the report says by how many frames (`pinned_over_budget`) and a
     /// warning is logged.

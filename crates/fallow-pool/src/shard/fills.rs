@@ -1,5 +1,5 @@
 //! The fill words of one shard's same-filled pages, interned: a slot names its word by a
-//! 4-byte id instead of holding the 8-byte word, which keeps a slot at 24 bytes.
+//! 4-byte id instead of holding the 8-byte word, which keeps a slot at 8 bytes.
 //!
 //! Few distinct words exist in practice (zero above all, then all-ones and repeated bytes),
 //! so the table stays tiny; it is still exact for any number of them. An entry lives as

@@ -3,10 +3,10 @@
 //!
 //! A new content takes the number of its frame as its id whenever no content holds that
 //! number already, so for almost every content the place is implicit and costs nothing:
-//! no place field, no frame → content table. The exceptions, each an entry in `by_id` (and
-//! in `by_frame` when its bytes are in a frame, so that a frame's owner can be found):
+//! no place field, no frame → content table. The exceptions carry the `EXCEPTION` flag:
 //!
-//! * a compressed content (its frame went back to the arena). If one index entry names
+//! * a compressed content (its frame went back to the arena; its place is its blob in the
+//!   store's `blobs`, which needs no entry here). If one index entry names
 //!   it, it takes a new virtual id, which the compressor writes into that entry, so that
 //!   its frame's number is free for the next content put there (`compress.rs`); if
 //!   several do, it keeps its id;
@@ -16,6 +16,9 @@
 //!   *virtual* id, 2³⁰ and up, from `by_id.rs`): since compressed contents named once are
 //!   renamed, only a shared compressed content or a moved page holds a frame's number
 //!   this way.
+//!
+//! The last two are in another frame than their id's: each has an entry in `by_id` (id →
+//! frame) and in `by_frame` (frame → id, so that a frame's owner can be found).
 //!
 //! A content whose bytes are gone is marked `DEAD` instead.
 //!
@@ -35,6 +38,9 @@ use crate::arena::FrameId;
 /// The contents whose place is not their id's frame.
 #[derive(Default)]
 pub struct Exceptions {
+    /// The frame of each content whose bytes are in another frame than its id's. An
+    /// `EXCEPTION` content without an entry here is compressed: its blob is the store's
+    /// `blobs` entry, so it needs no second one.
     by_id: HashMap<ContentId, Place>,
     /// Frame number → the content in it, for contents in `by_id` with a frame.
     by_frame: HashMap<u32, ContentId>,
@@ -57,7 +63,7 @@ impl Store {
         if flags & DEAD != 0 {
             Place::Dead
         } else if flags & EXCEPTION != 0 {
-            self.exceptions.by_id[&id]
+            self.exceptions.by_id.get(&id).copied().unwrap_or(Place::Compressed)
         } else {
             Place::Frame(FrameId::from_raw(id))
         }
@@ -79,10 +85,7 @@ impl Store {
                 self.exceptions.by_frame.insert(f.raw(), id);
                 self.meta.set(id, EXCEPTION);
             }
-            Place::Compressed => {
-                self.exceptions.by_id.insert(id, place);
-                self.meta.set(id, EXCEPTION);
-            }
+            Place::Compressed => self.meta.set(id, EXCEPTION),
         }
     }
 
@@ -119,6 +122,10 @@ impl Store {
     /// Panics unless the exception maps agree with each other and with the flags.
     pub(super) fn validate_places(&self) {
         let mut framed = 0;
+        for id in self.blobs.keys() {
+            assert!(self.meta.has(*id, EXCEPTION), "compressed content {id} not flagged");
+            assert!(!self.exceptions.by_id.contains_key(id), "compressed content {id} framed");
+        }
         for (&id, &place) in &self.exceptions.by_id {
             assert!(self.meta.has(id, LIVE), "free content {id} has an exception");
             assert!(self.meta.has(id, EXCEPTION), "content {id}: exception not flagged");
@@ -129,14 +136,15 @@ impl Store {
                     assert_eq!(self.exceptions.by_frame.get(&f.raw()), Some(&id));
                     framed += 1;
                 }
-                Place::Compressed => {}
+                Place::Compressed => panic!("content {id}: compressed, but in the frame map"),
                 Place::Dead => panic!("content {id}: a dead exception"),
             }
         }
         assert_eq!(framed, self.exceptions.by_frame.len(), "frame owners without exception");
         for id in self.meta.ids() {
             let flagged = self.meta.has(id, EXCEPTION);
-            assert_eq!(flagged, self.exceptions.by_id.contains_key(&id), "content {id}");
+            let listed = self.exceptions.by_id.contains_key(&id) || self.blobs.contains_key(&id);
+            assert_eq!(flagged, listed, "content {id}");
             if id >= VIRTUAL_BASE && self.meta.has(id, LIVE) {
                 assert!(flagged || self.meta.has(id, DEAD), "virtual id {id} names no frame");
             }
