@@ -89,12 +89,11 @@ pub(crate) fn resident_bytes<T>(entries: &[T]) -> usize {
     std::mem::size_of_val(entries)
 }
 
-/// Ids to expect in a shard's tables when it holds `pages` pages when full: keys fall into
-/// shards by hash (whole runs of 64 at a time, `shard::run_hash`), so a shard's share of a
-/// full cache varies around its mean: by √pages per standard deviation if keys went one by
-/// one, and up to √64 = 8 times that when every run is full. Room for four of the first
-/// keeps full shards of scattered keys from growing; with dense objects a shard may pass
-/// it, and its tables then grow a few groups at a time.
+/// Ids to expect in a shard's tables when it holds `pages` pages when full. A dense
+/// object's runs spread over the shards exactly (`shard::shard_of`); scattered pages go
+/// run by run by hash, so a shard's share of them varies around its mean by up to
+/// √pages a standard deviation, and room for four of those keeps a full shard from
+/// growing.
 pub(crate) fn with_headroom(pages: usize) -> usize {
     pages + 4 * (pages as f64).sqrt() as usize + 16
 }

@@ -29,7 +29,7 @@ use crate::compress::Compressor;
 use crate::config::{EngineConfig, MAX_BUDGET_BYTES};
 use crate::eviction;
 use crate::pools::{self, Counter, PoolCounters, PoolSnapshot, PoolState, PoolTable};
-use crate::shard::{key_hash, run_hash, Shard, Slot, Value, Visit};
+use crate::shard::{key_hash, Shard, Slot, Value, Visit};
 use crate::stats::{BudgetReport, EngineStats, MemoryUsage, PoolStats};
 use crate::store::{Compression, ShrinkReport, Store};
 use crate::sweep::{SweepReport, SweepState};
@@ -56,8 +56,7 @@ pub(crate) struct Inner {
     pub(crate) pools: RwLock<PoolTable>,
     /// The live pools as of the last change of `pools`, published under its write lock.
     pub(crate) pool_snapshot: PoolSnapshot,
-    /// Index shards, chosen by the high bits of the hash of the key's run of 64 indexes
-    /// (`shard::run_hash`). `parking_lot` mutexes: each is
+    /// Index shards, chosen by the key's run of 64 indexes (`shard::shard_of`). `parking_lot` mutexes: each is
     /// held for one index operation (with a get's copy of its page) and never across
     /// blocking work; all of them by a shrink step and a compression pass.
     pub(crate) shards: Box<[Mutex<Shard>]>,
@@ -269,9 +268,7 @@ impl Inner {
     }
 
     fn shard_of(&self, key: &PageKey) -> usize {
-        // The shard count is a power of two. By the key's run, not the key: a run's pages
-        // then share a span (`shard/spans.rs`).
-        (run_hash(key) >> 48) as usize & (self.shards.len() - 1)
+        crate::shard::shard_of(key, self.shards.len())
     }
 
     /// Every shard's lock, in ascending order. Taken, before the store's write lock, by
@@ -505,14 +502,17 @@ mod tests {
         let shard_of = |object, index| e.inner().shard_of(&PageKey::new(PoolId(0), object, index));
         let mut objects = [0; 8];
         let mut runs = [0; 8];
+        let mut strided = [0; 8];
         for i in 0..800 {
             objects[shard_of(i, 0)] += 1;
             runs[shard_of(0, i * 64)] += 1;
+            strided[shard_of(0, i * 8 * 64)] += 1;
             assert_eq!(shard_of(i, i * 64), shard_of(i, i * 64 + 63), "one run, one shard");
         }
+        assert_eq!(runs, [100; 8], "a dense object's runs spread exactly");
         // 100 a shard on average; ±40 is over four standard deviations.
-        for count in objects.iter().chain(&runs) {
-            assert!((60..=140).contains(count), "{objects:?} {runs:?}");
+        for count in objects.iter().chain(&strided) {
+            assert!((60..=140).contains(count), "{objects:?} {strided:?}");
         }
     }
 }

@@ -121,6 +121,15 @@ fn object_hash(pool: PoolId, object: ObjectId) -> u64 {
     super::mix64(object ^ u64::from(pool.0).wrapping_mul(0x9E37_79B9_7F4A_7C15))
 }
 
+/// A well-mixed hash of `(pool, object, group)` for a group of consecutive runs, which
+/// picks shards (`shard::shard_of`): apart from [`span_hash`], so that the spans a shard
+/// gets are not those whose hashes share some bits.
+pub fn group_hash(pool: PoolId, object: ObjectId, group: u64) -> u64 {
+    super::mix64(
+        object_hash(pool, object).rotate_left(29) ^ group.wrapping_mul(0xA076_1D64_78BD_642F),
+    )
+}
+
 /// A well-mixed hash of `(pool, object, run)`.
 pub fn span_hash(pool: PoolId, object: ObjectId, run: u64) -> u64 {
     super::mix64(object_hash(pool, object) ^ run.wrapping_mul(0xD6E8_FEB8_6659_FD93))
