@@ -27,8 +27,11 @@
 //! the caller's lock for the whole table: the dedup table of a 16 GiB budget doubling from
 //! 2 to 4 million entries is ~0.3 s under the store lock, every get waiting.
 //!
-//! Control bytes are zero when empty, so a new table's memory comes zeroed from the
-//! allocator and is not resident until used.
+//! Control bytes are zero when empty, so a new table's memory comes zeroed (mapped from the
+//! OS when large, [`crate::zeroed`], so that the arrays a growth lets go of are given back)
+//! and is not resident until used.
+
+use crate::zeroed::Zeroed;
 
 /// Slots per group: one `u64` of control bytes.
 const GROUP: usize = 8;
@@ -77,13 +80,13 @@ fn tag(hash: u64) -> u8 {
 #[derive(Default)]
 struct Slots {
     /// The control bytes of each group, as one little-endian word (byte `i`: slot `i`).
-    ctrl: Box<[u64]>,
-    ids: Box<[u32]>,
+    ctrl: Zeroed<u64>,
+    ids: Zeroed<u32>,
 }
 
 impl Slots {
     fn new(groups: usize) -> Self {
-        Self { ctrl: vec![0; groups].into(), ids: vec![0; groups * GROUP].into() }
+        Self { ctrl: Zeroed::new(groups), ids: Zeroed::new(groups * GROUP) }
     }
 
     fn groups(&self) -> usize {

@@ -48,6 +48,7 @@ mod stats;
 mod store;
 mod summary;
 mod sweep;
+mod zeroed;
 
 pub use arena::{FRAMES_PER_SEGMENT, SEGMENT_BYTES};
 pub use config::{ConfigError, EngineBuilder, EngineConfig, MAX_BUDGET_BYTES};

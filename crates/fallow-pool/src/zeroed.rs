@@ -1,0 +1,113 @@
+//! Zero-filled arrays of integers for the engine's hash tables ([`crate::id_table`]),
+//! mapped from the OS when large, so that dropping one gives its memory back at once.
+//!
+//! A table that grows allocates larger arrays and frees the old ones. glibc's allocator
+//! serves large arrays with a mapping of their own, but raises its threshold for doing so
+//! to the size of each such array freed (up to 32 MiB), so the next arrays come from the
+//! heap, where a freed block stays resident unless it sits at the heap's top. The memory
+//! bench measured it: the tables' doublings left ~1–4 B a page of resident memory that no
+//! table held (RFC 0001, "Session 10"). A mapping of our own goes back with `munmap` when
+//! dropped, and, like `calloc`'s memory, is zero and not resident until written.
+
+use std::marker::PhantomData;
+use std::ops::{Deref, DerefMut};
+
+use memmap2::MmapMut;
+
+/// Arrays at least this large are mapped; smaller ones come from the heap, where a mapping
+/// per array would waste most of a page.
+const MAP_BYTES: usize = 64 << 10;
+
+/// The element types a zeroed array can hold: integers, valid as all-zero bytes and as
+/// any bytes at all.
+pub(crate) trait Int: Copy + Default + 'static {}
+impl Int for u32 {}
+impl Int for u64 {}
+
+/// A fixed-size array of `T`, all zero when made.
+pub(crate) struct Zeroed<T: Int> {
+    repr: Repr<T>,
+}
+
+enum Repr<T> {
+    Heap(Box<[T]>),
+    /// `len` elements of `T` at the start of `map` (page-aligned, so aligned for `T`).
+    Mapped {
+        map: MmapMut,
+        len: usize,
+        _of: PhantomData<T>,
+    },
+}
+
+impl<T: Int> Zeroed<T> {
+    /// `len` zeros.
+    pub(crate) fn new(len: usize) -> Self {
+        let bytes = len.saturating_mul(size_of::<T>());
+        if bytes >= MAP_BYTES {
+            // A failed mapping falls back to the heap, which fails as it always has.
+            if let Ok(map) = MmapMut::map_anon(bytes) {
+                return Self { repr: Repr::Mapped { map, len, _of: PhantomData } };
+            }
+        }
+        Self { repr: Repr::Heap(vec![T::default(); len].into_boxed_slice()) }
+    }
+}
+
+impl<T: Int> Default for Zeroed<T> {
+    fn default() -> Self {
+        Self { repr: Repr::Heap(Box::default()) }
+    }
+}
+
+impl<T: Int> Deref for Zeroed<T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        match &self.repr {
+            Repr::Heap(b) => b,
+            // SAFETY: the mapping is `len * size_of::<T>()` readable bytes, page-aligned
+            // (so aligned for `T`), zero or written through `deref_mut` as `T`s, and every
+            // bit pattern is a valid `T` (`Int`: plain integers). It lives as long as `self`.
+            Repr::Mapped { map, len, .. } => unsafe {
+                std::slice::from_raw_parts(map.as_ptr().cast::<T>(), *len)
+            },
+        }
+    }
+}
+
+impl<T: Int> DerefMut for Zeroed<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        match &mut self.repr {
+            Repr::Heap(b) => b,
+            // SAFETY: as in `deref`, and `&mut self` makes this the only reference.
+            Repr::Mapped { map, len, .. } => unsafe {
+                std::slice::from_raw_parts_mut(map.as_mut_ptr().cast::<T>(), *len)
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_and_large_arrays_start_zero_and_keep_what_is_written() {
+        for len in [0, 1, 100, MAP_BYTES / 8 - 1, MAP_BYTES / 8, 3 * MAP_BYTES] {
+            let mut a = Zeroed::<u64>::new(len);
+            assert_eq!(a.len(), len);
+            assert!(a.iter().all(|&x| x == 0), "{len} zeros");
+            if let Some(last) = a.last_mut() {
+                *last = u64::MAX;
+            }
+            a.iter_mut().step_by(511).for_each(|x| *x = 7);
+            assert_eq!(
+                a.last().copied(),
+                (len > 0).then(|| if (len - 1) % 511 == 0 { 7 } else { u64::MAX })
+            );
+        }
+        let big = Zeroed::<u32>::new(MAP_BYTES);
+        assert!(matches!(big.repr, Repr::Mapped { .. }), "large arrays are mapped");
+        assert!(matches!(Zeroed::<u32>::new(8).repr, Repr::Heap(_)));
+    }
+}
