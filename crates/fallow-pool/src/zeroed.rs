@@ -5,7 +5,7 @@
 //! serves large arrays with a mapping of their own, but raises its threshold for doing so
 //! to the size of each such array freed (up to 32 MiB), so the next arrays come from the
 //! heap, where a freed block stays resident unless it sits at the heap's top. The memory
-//! bench measured it: the tables' doublings left ~1–4 B a page of resident memory that no
+//! bench measured it: the tables' doublings left ~2–4 B a page of resident memory that no
 //! table held (RFC 0001, "Session 10"). A mapping of our own goes back with `munmap` when
 //! dropped, and, like `calloc`'s memory, is zero and not resident until written.
 
@@ -14,9 +14,11 @@ use std::ops::{Deref, DerefMut};
 
 use memmap2::MmapMut;
 
-/// Arrays at least this large are mapped; smaller ones come from the heap, where a mapping
-/// per array would waste most of a page.
-const MAP_BYTES: usize = 64 << 10;
+/// Arrays of a page or more are mapped; smaller ones come from the heap, where a mapping
+/// of their own would waste most of a page. Measured: a 64 KiB threshold left the small
+/// tables' growth (a shard's index tables start small and double) in the heap, ~210 KiB
+/// resident that no table held at 256 MiB, 3.3 B a page.
+const MAP_BYTES: usize = 4 << 10;
 
 /// The element types a zeroed array can hold: integers, valid as all-zero bytes and as
 /// any bytes at all.
