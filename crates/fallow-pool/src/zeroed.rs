@@ -9,8 +9,8 @@
 //! table held (RFC 0001, "Session 10"). A mapping of our own goes back with `munmap` when
 //! dropped, and, like `calloc`'s memory, is zero and not resident until written.
 
-use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
 
 use memmap2::MmapMut;
 
@@ -28,18 +28,25 @@ impl Int for u64 {}
 
 /// A fixed-size array of `T`, all zero when made.
 pub(crate) struct Zeroed<T: Int> {
-    repr: Repr<T>,
+    /// The first element, and how many: read on every probe of a table, so kept apart
+    /// from `owner` and used without matching on it.
+    ptr: NonNull<T>,
+    len: usize,
+    /// What holds the memory `ptr` points into; only dropped.
+    _owner: Owner<T>,
 }
 
-enum Repr<T> {
-    Heap(Box<[T]>),
-    /// `len` elements of `T` at the start of `map` (page-aligned, so aligned for `T`).
-    Mapped {
-        map: MmapMut,
-        len: usize,
-        _of: PhantomData<T>,
-    },
+enum Owner<T> {
+    Heap(#[allow(dead_code)] Box<[T]>),
+    /// `len` elements of `T` at the start of the mapping (page-aligned, so aligned for `T`).
+    Mapped(#[allow(dead_code)] MmapMut),
 }
+
+// SAFETY: a `Zeroed` owns its elements as a `Box<[T]>` does (`ptr` points only into
+// `_owner`, which nothing else can reach), and `T` is a plain integer.
+unsafe impl<T: Int> Send for Zeroed<T> {}
+// SAFETY: as for `Send`; shared access only reads, through `&self`.
+unsafe impl<T: Int> Sync for Zeroed<T> {}
 
 impl<T: Int> Zeroed<T> {
     /// `len` zeros.
@@ -47,17 +54,30 @@ impl<T: Int> Zeroed<T> {
         let bytes = len.saturating_mul(size_of::<T>());
         if bytes >= MAP_BYTES {
             // A failed mapping falls back to the heap, which fails as it always has.
-            if let Ok(map) = MmapMut::map_anon(bytes) {
-                return Self { repr: Repr::Mapped { map, len, _of: PhantomData } };
+            if let Ok(mut map) = MmapMut::map_anon(bytes) {
+                let ptr =
+                    NonNull::new(map.as_mut_ptr().cast::<T>()).expect("a mapping is not null");
+                return Self { ptr, len, _owner: Owner::Mapped(map) };
             }
         }
-        Self { repr: Repr::Heap(vec![T::default(); len].into_boxed_slice()) }
+        Self::on_heap(vec![T::default(); len].into_boxed_slice())
+    }
+
+    fn on_heap(mut b: Box<[T]>) -> Self {
+        // A box's elements stay where they are when the box moves.
+        let (ptr, len) = (NonNull::from(&mut *b).cast::<T>(), b.len());
+        Self { ptr, len, _owner: Owner::Heap(b) }
+    }
+
+    #[cfg(test)]
+    fn is_mapped(&self) -> bool {
+        matches!(self._owner, Owner::Mapped(_))
     }
 }
 
 impl<T: Int> Default for Zeroed<T> {
     fn default() -> Self {
-        Self { repr: Repr::Heap(Box::default()) }
+        Self::on_heap(Box::default())
     }
 }
 
@@ -65,27 +85,17 @@ impl<T: Int> Deref for Zeroed<T> {
     type Target = [T];
 
     fn deref(&self) -> &[T] {
-        match &self.repr {
-            Repr::Heap(b) => b,
-            // SAFETY: the mapping is `len * size_of::<T>()` readable bytes, page-aligned
-            // (so aligned for `T`), zero or written through `deref_mut` as `T`s, and every
-            // bit pattern is a valid `T` (`Int`: plain integers). It lives as long as `self`.
-            Repr::Mapped { map, len, .. } => unsafe {
-                std::slice::from_raw_parts(map.as_ptr().cast::<T>(), *len)
-            },
-        }
+        // SAFETY: `ptr` points to `len` initialized `T`s (zero, or written through
+        // `deref_mut`; every bit pattern is a valid `T`) in `_owner`, aligned (a box's, or
+        // a page-aligned mapping), which lives and stays put as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 }
 
 impl<T: Int> DerefMut for Zeroed<T> {
     fn deref_mut(&mut self) -> &mut [T] {
-        match &mut self.repr {
-            Repr::Heap(b) => b,
-            // SAFETY: as in `deref`, and `&mut self` makes this the only reference.
-            Repr::Mapped { map, len, .. } => unsafe {
-                std::slice::from_raw_parts_mut(map.as_mut_ptr().cast::<T>(), *len)
-            },
-        }
+        // SAFETY: as in `deref`, and `&mut self` makes this the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 }
 
@@ -108,8 +118,8 @@ mod tests {
                 (len > 0).then(|| if (len - 1) % 511 == 0 { 7 } else { u64::MAX })
             );
         }
-        let big = Zeroed::<u32>::new(MAP_BYTES);
-        assert!(matches!(big.repr, Repr::Mapped { .. }), "large arrays are mapped");
-        assert!(matches!(Zeroed::<u32>::new(8).repr, Repr::Heap(_)));
+        assert!(Zeroed::<u32>::new(MAP_BYTES).is_mapped(), "large arrays are mapped");
+        assert!(!Zeroed::<u32>::new(8).is_mapped());
+        assert!(Zeroed::<u64>::default().is_empty());
     }
 }
