@@ -13,11 +13,21 @@ use super::ContentId;
 /// (`arena::MAX_SEGMENTS`), and every id below 2³¹, the slot's fill bit.
 pub const VIRTUAL_BASE: ContentId = 1 << 30;
 
+/// How many virtual ids there are: from [`VIRTUAL_BASE`] up to 2³¹, the slot's fill bit.
+pub const VIRTUAL_IDS: usize = 1 << 30;
+
 /// A `T` per content id.
-#[derive(Default)]
 pub struct ById<T> {
     frames: Vec<T>,
     virtual_ids: Vec<T>,
+    /// The most virtual ids: [`VIRTUAL_IDS`], less in tests.
+    virtual_cap: usize,
+}
+
+impl<T> Default for ById<T> {
+    fn default() -> Self {
+        Self { frames: Vec::new(), virtual_ids: Vec::new(), virtual_cap: VIRTUAL_IDS }
+    }
 }
 
 impl<T: Default> ById<T> {
@@ -30,11 +40,22 @@ impl<T: Default> ById<T> {
         }
     }
 
-    /// Adds an entry for the next id above [`VIRTUAL_BASE`], and returns that id.
-    pub fn push_virtual(&mut self) -> ContentId {
+    /// Adds an entry for the next id above [`VIRTUAL_BASE`], and returns that id; `None`
+    /// when every virtual id has one (reachable only near the largest budgets, with most
+    /// pages compressed: the caller does without).
+    pub fn push_virtual(&mut self) -> Option<ContentId> {
+        let n = self.virtual_ids.len();
+        if n >= self.virtual_cap {
+            return None;
+        }
         self.virtual_ids.push(T::default());
-        let n = u32::try_from(self.virtual_ids.len() - 1).ok();
-        n.and_then(|n| VIRTUAL_BASE.checked_add(n)).expect("fewer than 2^30 virtual ids")
+        Some(VIRTUAL_BASE + n as ContentId)
+    }
+
+    /// Caps the virtual ids at `cap`, for tests of running out of them.
+    #[cfg(test)]
+    pub fn cap_virtual(&mut self, cap: usize) {
+        self.virtual_cap = cap;
     }
 }
 
@@ -111,8 +132,7 @@ mod tests {
     fn frame_numbers_and_virtual_ids_index_their_own_vectors() {
         let mut v = ById::<u8>::default();
         v.cover_frames(4, 8);
-        let a = v.push_virtual();
-        let b = v.push_virtual();
+        let (a, b) = (v.push_virtual().unwrap(), v.push_virtual().unwrap());
         assert_eq!((a, b), (VIRTUAL_BASE, VIRTUAL_BASE + 1));
         v[3] = 3;
         v[b] = 9;
@@ -120,5 +140,9 @@ mod tests {
         assert_eq!((v[3], v[a], v[b]), (3, 0, 9));
         v.cover_frames(6, 8);
         assert_eq!((v.len(), v[3], v[b]), (8, 3, 9), "covering more frames keeps entries");
+        v.cap_virtual(3);
+        assert_eq!(v.push_virtual(), Some(VIRTUAL_BASE + 2));
+        assert_eq!(v.push_virtual(), None, "no id past the cap");
+        assert_eq!(VIRTUAL_BASE as usize + VIRTUAL_IDS, 1 << 31, "virtual ids end at the fill bit");
     }
 }

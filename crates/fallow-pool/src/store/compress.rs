@@ -52,12 +52,12 @@ impl Store {
         self.move_pin(id, Some(frame), None);
         self.arena.free(frame);
         self.blob_bytes += packed.len();
-        let renamed = frame.raw() == id && self.meta.refs(id) == 1;
-        let kept = if renamed { self.rename(id) } else { id };
+        let alone = frame.raw() == id && self.meta.refs(id) == 1;
+        let kept = if alone { self.rename(id) } else { id };
         self.set_place(kept, Place::Compressed);
         self.blobs.insert(kept, packed.into_boxed_slice());
         self.refresh_frame_limit();
-        if renamed {
+        if kept != id {
             Compression::Renamed(kept)
         } else {
             Compression::Kept
@@ -65,14 +65,10 @@ impl Store {
     }
 
     /// Moves content `id` (one reference, its bytes already out of its frame) to a new
-    /// virtual id with the same record and flags, and frees `id`.
+    /// virtual id with the same record and flags, frees `id`, and returns the new id; or
+    /// keeps `id` when no virtual id is left.
     fn rename(&mut self, id: ContentId) -> ContentId {
-        let new = self.free_virtual.pop().unwrap_or_else(|| {
-            let new = self.contents.push_virtual();
-            let same = self.meta.push_virtual();
-            debug_assert_eq!(new, same, "content records and flags name the same ids");
-            new
-        });
+        let Some(new) = self.virtual_id() else { return id };
         debug_assert!(new >= VIRTUAL_BASE, "renamed to frame number {new}");
         self.contents[new] = self.contents[id];
         self.meta.start(new, self.meta.flags(id));

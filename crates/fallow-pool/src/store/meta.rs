@@ -46,9 +46,15 @@ impl Meta {
         self.bits.cover_frames(frames, expected);
     }
 
-    /// Makes room for one more virtual id, and returns it.
-    pub fn push_virtual(&mut self) -> ContentId {
+    /// Makes room for one more virtual id, and returns it (`None`: none is left).
+    pub fn push_virtual(&mut self) -> Option<ContentId> {
         self.bits.push_virtual()
+    }
+
+    /// Caps the virtual ids at `cap` ([`ById::cap_virtual`]).
+    #[cfg(test)]
+    pub fn cap_virtual(&mut self, cap: usize) {
+        self.bits.cap_virtual(cap);
     }
 
     /// Starts content `id` (free until now) with one reference and `flags`.

@@ -316,7 +316,13 @@ impl Store {
         }
         let frame = self.arena.alloc()?;
         self.cover_frames();
-        let id = self.id_for(frame);
+        let Some(id) = self.id_for(frame) else {
+            // Every virtual id is held (compressed and displaced contents, near the largest
+            // budgets): as full as if the budget were spent, so the caller evicts, and
+            // evicting frees an id or a frame whose number is free.
+            self.arena.free(frame);
+            return Err(ArenaFull::AtLimit);
+        };
         // Not `HASHED` yet: the dedup table gets it when its bytes are there (`publish`).
         self.contents[id] = Content { tag: tag.unwrap_or(0), crc: digest.crc };
         let flags = if opts.compressible { Meta::compressible() } else { 0 };

@@ -104,19 +104,26 @@ impl Store {
         self.exceptions.by_frame.get(&id).copied()
     }
 
-    /// An id for a new content in `frame`: the frame's number, unless a content holds it.
-    pub(super) fn id_for(&mut self, frame: FrameId) -> ContentId {
+    /// An id for a new content in `frame`: the frame's number, unless a content holds it;
+    /// then a virtual id, if one is left.
+    pub(super) fn id_for(&mut self, frame: FrameId) -> Option<ContentId> {
         let id = frame.raw();
         if !self.meta.has(id, LIVE) {
-            return id;
+            return Some(id);
         }
+        self.virtual_id()
+    }
+
+    /// A virtual id no content holds: a freed one, else a new one; `None` when all 2³⁰ are
+    /// held (`by_id::VIRTUAL_IDS`).
+    pub(super) fn virtual_id(&mut self) -> Option<ContentId> {
         if let Some(id) = self.free_virtual.pop() {
-            return id;
+            return Some(id);
         }
-        let id = self.contents.push_virtual();
+        let id = self.contents.push_virtual()?;
         let same = self.meta.push_virtual();
-        debug_assert_eq!(id, same, "content records and flags name the same ids");
-        id
+        debug_assert_eq!(Some(id), same, "content records and flags name the same ids");
+        Some(id)
     }
 
     /// Panics unless the exception maps agree with each other and with the flags.
@@ -211,6 +218,33 @@ mod tests {
         };
         assert_eq!(w, v, "freed virtual ids are reused");
         store.validate(&HashMap::from([(b, 1), (w, 1)]));
+    }
+
+    #[test]
+    fn with_every_virtual_id_held_compression_keeps_ids_and_a_displaced_put_finds_it_full() {
+        let mut store = Store::new(4 * PAGE_SIZE);
+        store.contents.cap_virtual(1);
+        store.meta.cap_virtual(1);
+        let compressible = InternOptions { pinned: false, compressible: true };
+        let (a, b) = (put(&mut store, 1, compressible), put(&mut store, 2, compressible));
+        let _ = (store.compress(a), store.compress(b));
+        let Compression::Renamed(v) = store.compress(a) else { panic!("not renamed") };
+        assert_eq!(store.compress(b), Compression::Kept, "no virtual id left: b keeps its id");
+        assert!(reads(&store, v, 1) && reads(&store, b, 2));
+        store.validate(&HashMap::from([(v, 1), (b, 1)]));
+        // The arena hands back b's frame first, whose number b holds, and no id is left:
+        // full, as if the budget were spent (the engine evicts and tries again).
+        let p = page(3);
+        let full = store.intern_now(&p, Digest::of(&p, DOMAIN), InternOptions::default());
+        assert!(full.is_err(), "a displaced page with no id left");
+        store.validate(&HashMap::from([(v, 1), (b, 1)]));
+        store.release(v);
+        let c = put(&mut store, 3, InternOptions::default());
+        assert_eq!(c, v, "the freed virtual id serves the displaced page");
+        let d = put(&mut store, 4, InternOptions::default());
+        assert_eq!(d, a, "a's frame comes next, under its own number");
+        assert!(reads(&store, b, 2) && reads(&store, c, 3) && reads(&store, d, 4));
+        store.validate(&HashMap::from([(b, 1), (c, 1), (d, 1)]));
     }
 
     #[test]
