@@ -56,9 +56,10 @@ pub(crate) struct Inner {
     pub(crate) pools: RwLock<PoolTable>,
     /// The live pools as of the last change of `pools`, published under its write lock.
     pub(crate) pool_snapshot: PoolSnapshot,
-    /// Index shards, chosen by the key's run of 64 indexes (`shard::shard_of`). `parking_lot` mutexes: each is
-    /// held for one index operation (with a get's copy of its page) and never across
-    /// blocking work; all of them by a shrink step and a compression pass.
+    /// Index shards, chosen by the key's run of 64 indexes (`shard::shard_of`).
+    /// `parking_lot` mutexes: each is held for one index operation (with a get's copy of
+    /// its page) and never across blocking work; all of them by a shrink step and a
+    /// compression pass.
     pub(crate) shards: Box<[Mutex<Shard>]>,
     /// Page bytes, checksums, dedup table. Taken after a shard lock: for reading by a get's
     /// lookup of its frame (several at once; the copy comes after), for writing by
@@ -130,11 +131,10 @@ impl Engine {
     }
 
     /// Changes the lent budget while running. Growing maps segments on demand; shrinking
-    /// returns whole segments to the OS, a few per hold of every shard lock and the store's,
-    /// dropping the
-    /// ephemeral pages in them. Persistent pages are never dropped: when they alone exceed
-    /// the new budget, the report says by how many frames (`pinned_over_budget`) and a
-    /// warning is logged.
+    /// returns whole segments to the OS, a few per hold of every shard lock and the
+    /// store's, dropping the ephemeral pages in them. Persistent pages are never dropped:
+    /// when they alone exceed the new budget, the report says by how many frames
+    /// (`pinned_over_budget`) and a warning is logged.
     ///
     /// A budget above [`MAX_BUDGET_BYTES`] is lowered to it (and a warning logged).
     pub fn set_budget(&self, budget_bytes: usize) -> BudgetReport {

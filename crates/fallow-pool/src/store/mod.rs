@@ -10,7 +10,7 @@
 //! reference-counted by the index entries that name it; it is freed when the last one goes.
 //!
 //! ```text
-//!  index entry ──ContentId──▶ Content { tag, crc }     bytes: frame `id`, or exceptions[id]
+//!  index entry ──ContentId──▶ Content { tag, crc }   bytes: frame `id`, exceptions[id], blob
 //!                             meta[id]: flags, refs (1 unless shared; a map entry if so)
 //!  dedup: hash(domain, bytes) ──▶ ContentId    owner of frame f: exceptions, else id f
 //! ```
