@@ -107,20 +107,29 @@ impl Extent {
     /// Gives the memory of `count` adjacent segments, from `first`, back to the OS; the
     /// mapping stays, and reads as zeros if used again.
     fn discard(&mut self, first: usize, count: usize) {
-        let offset = self.offset(first, 0);
-        let len = count * SEGMENT_BYTES;
+        self.discard_bytes(self.offset(first, 0), count * SEGMENT_BYTES, "released segments");
+    }
+
+    /// [`Extent::discard`] for one frame, which stays mapped and free.
+    fn discard_frame(&mut self, segment: usize, slot: usize) {
+        self.discard_bytes(self.offset(segment, slot), PAGE_SIZE, "a compressed page's frame");
+    }
+
+    fn discard_bytes(&mut self, offset: usize, len: usize, what: &str) {
         // SAFETY: `&mut self` proves that no slice into the mapping is alive (the arena
         // hands them out borrowing itself; a `HeldFrame` never names a frame of a released
-        // segment, see `docs/concurrency.md`), and the range lies inside the window (the
-        // caller passes segments of this extent). The
-        // only effect of MADV_DONTNEED on a private anonymous mapping is that the range
-        // reads as zeros afterwards; its frames are released and hold nothing anyone reads.
+        // segment, nor a frame whose page was compressed away, see `docs/concurrency.md`),
+        // and the range lies inside the window (the caller passes segments or a frame of
+        // this extent). The only effect of MADV_DONTNEED on a private anonymous mapping is
+        // that the range reads as zeros afterwards; its frames are free and hold nothing
+        // anyone reads.
         let result = unsafe {
             self.map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len)
         };
         if let Err(err) = result {
-            // The memory stays resident until the extent is unmapped; nothing is lost.
-            tracing::warn!(%err, first, count, "could not discard released segments");
+            // The memory stays resident until it is written again or the extent is
+            // unmapped; nothing is lost.
+            tracing::warn!(%err, offset, len, "could not discard {what}");
         }
     }
 }
@@ -151,6 +160,9 @@ pub struct Arena {
     extents: Vec<Option<Extent>>,
     /// Frames of mapped segments that hold no page.
     free: Vec<FrameId>,
+    /// Free frames whose memory went back to the OS ([`Arena::free_and_discard`]): handed
+    /// out after `free`, so that a put writes resident memory when it can.
+    discarded: Vec<FrameId>,
     /// The most frames that may be in use at once (the lent budget, in frames).
     limit: usize,
     used: usize,
@@ -164,6 +176,7 @@ impl Arena {
             segments: Vec::new(),
             extents: Vec::new(),
             free: Vec::new(),
+            discarded: Vec::new(),
             limit,
             used: 0,
             mapped: 0,
@@ -221,9 +234,11 @@ impl Arena {
         if self.used >= self.limit {
             return Err(ArenaFull::AtLimit);
         }
-        if self.free.is_empty() {
-            self.map_segment()?;
+        if let Some(frame) = self.free.pop().or_else(|| self.discarded.pop()) {
+            self.take(frame);
+            return Ok(frame);
         }
+        self.map_segment()?;
         let frame = self.free.pop().ok_or(ArenaFull::MapFailed)?;
         self.take(frame);
         Ok(frame)
@@ -234,6 +249,35 @@ impl Arena {
         if let Some(Segment::Mapped { used, .. }) = self.segments.get_mut(frame.segment()) {
             *used += 1;
         }
+    }
+
+    /// [`Arena::free`], and the frame's memory goes back to the OS until the frame is
+    /// written again: for a frame whose page was compressed, so that the process holds
+    /// the budget's bytes, not the budget's plus the compressed pages' (the budget counts
+    /// those as blobs already, `Store::refresh_frame_limit`). A frame of a segment being
+    /// released is only freed: the segment goes whole.
+    pub fn free_and_discard(&mut self, frame: FrameId) {
+        let segment = frame.segment();
+        let Some(Segment::Mapped { used }) = self.segments.get_mut(segment) else {
+            return self.free(frame);
+        };
+        *used -= 1;
+        self.used -= 1;
+        if let Some(extent) = self.extents[segment / EXTENT_SEGMENTS].as_mut() {
+            extent.discard_frame(segment, frame.slot());
+        }
+        self.discarded.push(frame);
+    }
+
+    /// Free frames of mapped segments whose memory is back with the OS.
+    pub fn discarded_frames(&self) -> usize {
+        self.discarded.len()
+    }
+
+    /// Free frames still resident, which [`Arena::alloc`] hands out first.
+    #[cfg(test)]
+    pub fn resident_free_frames(&self) -> usize {
+        self.free.len()
     }
 
     /// Returns a frame to the free list, or, if its segment was released meanwhile, lets go
@@ -380,6 +424,7 @@ impl Arena {
         }
         released.sort_unstable();
         self.free.retain(|f| released.binary_search(&f.segment()).is_err());
+        self.discarded.retain(|f| released.binary_search(&f.segment()).is_err());
         let mut emptied = Vec::new();
         for run in released.chunk_by(|a, b| a / EXTENT_SEGMENTS == b / EXTENT_SEGMENTS) {
             let e = run[0] / EXTENT_SEGMENTS;
@@ -400,20 +445,27 @@ impl Arena {
 
     /// Takes a free frame that is not in any of `avoid` (segments about to be released).
     pub fn alloc_outside(&mut self, avoid: &[usize]) -> Option<FrameId> {
-        let pos = self.free.iter().rposition(|f| !avoid.contains(&f.segment()))?;
-        let frame = self.free.swap_remove(pos);
+        let outside =
+            |list: &Vec<FrameId>| list.iter().rposition(|f| !avoid.contains(&f.segment()));
+        let frame = match outside(&self.free) {
+            Some(pos) => self.free.swap_remove(pos),
+            None => {
+                let pos = outside(&self.discarded)?;
+                self.discarded.swap_remove(pos)
+            }
+        };
         self.take(frame);
         Some(frame)
     }
 
-    /// True when `frame` is on the free list. O(free frames): for `validate` only.
+    /// True when `frame` is on a free list. O(free frames): for `validate` only.
     pub fn is_free(&self, frame: FrameId) -> bool {
-        self.free.contains(&frame)
+        self.free.contains(&frame) || self.discarded.contains(&frame)
     }
 
     /// Bytes of heap the arena's bookkeeping holds (not the frames themselves).
     pub fn heap_bytes(&self) -> usize {
-        self.free.capacity() * std::mem::size_of::<FrameId>()
+        (self.free.capacity() + self.discarded.capacity()) * std::mem::size_of::<FrameId>()
             + self.segments.capacity() * std::mem::size_of::<Segment>()
     }
 
@@ -433,10 +485,11 @@ impl Arena {
     pub fn validate(&self) {
         let mapped = self.segments.iter().filter(|s| matches!(s, Segment::Mapped { .. })).count();
         assert_eq!(mapped, self.mapped, "mapped segment count drifted");
-        assert_eq!(self.used + self.free.len(), mapped * FRAMES_PER_SEGMENT, "frames leak");
+        let free = self.free.len() + self.discarded.len();
+        assert_eq!(self.used + free, mapped * FRAMES_PER_SEGMENT, "frames leak");
         let seg_used: usize = self.segments_by_use().iter().map(|s| s.1).sum();
         assert_eq!(seg_used, self.used, "segment use counts drifted");
-        for f in &self.free {
+        for f in self.free.iter().chain(&self.discarded) {
             assert!(self.is_live(*f), "free frame {f:?} is not mapped");
         }
         for (n, stale) in self.draining() {
@@ -495,6 +548,27 @@ mod tests {
         a.free(f);
         a.free(g);
         assert!(a.draining().is_empty());
+        a.validate();
+    }
+
+    #[test]
+    fn a_discarded_frame_reads_as_zeros_and_is_handed_out_after_resident_ones() {
+        let mut a = Arena::new(FRAMES_PER_SEGMENT);
+        let (f, g) = (a.alloc().unwrap(), a.alloc().unwrap());
+        a.bytes_mut(f).fill(0xAB);
+        a.bytes_mut(g).fill(0xCD);
+        a.free_and_discard(f);
+        assert_eq!((a.used(), a.discarded_frames()), (1, 1));
+        a.validate();
+        assert!(a.bytes(f).iter().all(|&b| b == 0), "its memory went back to the OS");
+        assert!(a.bytes(g).iter().all(|&b| b == 0xCD), "its neighbour kept its bytes");
+        // Every resident free frame goes first; then the discarded one.
+        let resident = FRAMES_PER_SEGMENT - 2;
+        let taken: Vec<_> = (0..resident).map(|_| a.alloc().unwrap()).collect();
+        assert!(!taken.contains(&f));
+        assert_eq!(a.alloc().unwrap(), f);
+        assert_eq!(a.discarded_frames(), 0);
+        a.bytes_mut(f).fill(1);
         a.validate();
     }
 

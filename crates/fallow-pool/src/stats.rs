@@ -61,6 +61,9 @@ pub struct EngineStats {
     pub budget_bytes: usize,
     /// Bytes mapped for frames (whole 2 MiB segments).
     pub mapped_bytes: usize,
+    /// Of those, free frames whose memory is back with the OS: the frames of pages that
+    /// were compressed, until they are used again.
+    pub discarded_bytes: usize,
     /// Frames holding page bytes.
     pub frames_used: usize,
     /// Logical pages in all pools.
@@ -111,6 +114,7 @@ impl EngineStats {
         Self {
             budget_bytes: usage.budget_bytes,
             mapped_bytes: usage.mapped_bytes,
+            discarded_bytes: usage.discarded_bytes,
             frames_used: usage.frames_used,
             pages,
             fill_pages,
@@ -162,6 +166,9 @@ pub struct MemoryUsage {
     pub budget_bytes: usize,
     /// Bytes mapped for frames (whole 2 MiB segments).
     pub mapped_bytes: usize,
+    /// Of those, free frames whose memory is back with the OS (a compressed page's
+    /// frame, until it is used again).
+    pub discarded_bytes: usize,
     /// Frames holding page bytes.
     pub frames_used: usize,
     /// Bytes of compressed page data (held on the heap, counted against the budget).
@@ -169,9 +176,10 @@ pub struct MemoryUsage {
 }
 
 impl MemoryUsage {
-    /// Bytes held for pages: mapped segments plus compressed data.
+    /// Bytes held for pages: mapped segments, less their discarded frames, plus
+    /// compressed data.
     pub fn held_bytes(&self) -> usize {
-        self.mapped_bytes + self.compressed_bytes
+        self.mapped_bytes - self.discarded_bytes + self.compressed_bytes
     }
 
     /// Frames in use beyond the budget (as [`EngineStats::over_budget_frames`]).

@@ -4,7 +4,7 @@ use fallow_core::{
     DedupScope, Lookup, NotStored, PageKey, PageStore, PoolSpec, PutOutcome, StoreError,
     TrustDomain, PAGE_SIZE,
 };
-use fallow_pool::{Engine, EngineBuilder, SEGMENT_BYTES};
+use fallow_pool::{Engine, EngineBuilder, FRAMES_PER_SEGMENT, SEGMENT_BYTES};
 
 mod support;
 
@@ -426,6 +426,58 @@ fn issue_2_every_shard_follows_one_share_learned_from_the_whole_workload() {
     e.validate();
     let share = e.stats().small_share_percent;
     assert!(matches!(share, Some(1 | 10)), "scans should make it leave LRU, share {share:?}");
+}
+
+#[test]
+fn issue_2_a_compressing_pool_holds_no_more_memory_than_its_budget() {
+    // Until session 10 a compressed page's frame went back to the free list still
+    // resident, and its blob counted against the budget besides: an engine that kept
+    // compressing held its mapped segments plus its blobs (RssAnon 1.61 times its budget
+    // in `examples/compression_churn`). A frame freed by compression now goes back to
+    // the OS.
+    let budget = 4 * FRAMES_PER_SEGMENT;
+    let e = Engine::new(
+        EngineBuilder::new(budget * PAGE_SIZE).compress_interval(None).build().unwrap(),
+    );
+    let pool = e.create_pool(&PoolSpec::ephemeral().compress(true)).unwrap();
+    // Unique bytes in the first half, zeros in the second: lz4 halves it, so frames stay
+    // in use beside the blobs.
+    let page = |i: u64| {
+        let mut p = support::unique_page(i);
+        p[PAGE_SIZE / 2..].fill(0);
+        p
+    };
+    let key = |i: u64| PageKey::new(pool, i / 1024, i % 1024);
+    let held_within_budget = |when: &str| {
+        let memory = e.memory();
+        assert!(
+            memory.held_bytes() <= memory.budget_bytes + SEGMENT_BYTES,
+            "{when}: {} bytes held for a budget of {}: {memory:?}",
+            memory.held_bytes(),
+            memory.budget_bytes
+        );
+    };
+    // The budget's frames, all mapped; then every page compressed.
+    for i in 0..budget as u64 {
+        assert_eq!(e.put(key(i), &page(i)).unwrap(), PutOutcome::Stored);
+    }
+    assert_eq!(e.memory().mapped_bytes, budget * PAGE_SIZE);
+    for _ in 0..3 {
+        e.compress_cold(budget);
+    }
+    assert!(e.memory().compressed_bytes > budget * PAGE_SIZE / 4);
+    held_within_budget("after compressing a full cache");
+    // More pages into the frames compression freed, compressed in turn.
+    for i in budget as u64..4 * budget as u64 {
+        let _ = e.put(key(i), &page(i)).unwrap();
+        if i % 256 == 255 {
+            e.compress_cold(budget);
+        }
+    }
+    held_within_budget("after three times as many pages");
+    e.validate();
+    let hits = (0..4 * budget as u64).filter(|&i| get(&e, key(i)) == Some(page(i))).count();
+    assert!(hits > budget, "compression should fit more pages than frames: {hits}");
 }
 
 #[test]

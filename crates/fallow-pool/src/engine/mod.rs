@@ -236,6 +236,7 @@ impl Engine {
         MemoryUsage {
             budget_bytes: usage.budget_bytes,
             mapped_bytes: usage.mapped_bytes,
+            discarded_bytes: usage.discarded_bytes,
             frames_used: usage.frames_used,
             compressed_bytes: usage.compressed_bytes,
         }

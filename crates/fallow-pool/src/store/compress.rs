@@ -50,7 +50,7 @@ impl Store {
             return Compression::Left;
         }
         self.move_pin(id, Some(frame), None);
-        self.arena.free(frame);
+        self.arena.free_and_discard(frame);
         self.blob_bytes += packed.len();
         let alone = frame.raw() == id && self.meta.refs(id) == 1;
         let kept = if alone { self.rename(id) } else { id };

@@ -319,8 +319,9 @@ impl Store {
         let Some(id) = self.id_for(frame) else {
             // Every virtual id is held (compressed and displaced contents, near the largest
             // budgets): as full as if the budget were spent, so the caller evicts, and
-            // evicting frees an id or a frame whose number is free.
-            self.arena.free(frame);
+            // evicting frees an id or a frame whose number is free. The frame was not
+            // written: it goes back as it came, most likely discarded.
+            self.arena.free_and_discard(frame);
             return Err(ArenaFull::AtLimit);
         };
         // Not `HASHED` yet: the dedup table gets it when its bytes are there (`publish`).
@@ -627,6 +628,7 @@ impl Store {
         StoreUsage {
             frames_used: self.arena.used(),
             mapped_bytes: self.arena.mapped_bytes(),
+            discarded_bytes: self.arena.discarded_frames() * PAGE_SIZE,
             budget_bytes: self.budget_bytes,
             compressed_pages: self.blobs.len(),
             compressed_bytes: self.blob_bytes,
@@ -729,6 +731,8 @@ pub struct StoreUsage {
     pub frames_used: usize,
     /// Bytes mapped from the OS for frames.
     pub mapped_bytes: usize,
+    /// Of those, free frames whose memory went back to the OS (a compressed page's).
+    pub discarded_bytes: usize,
     /// The lent budget.
     pub budget_bytes: usize,
     /// Pages held compressed.
