@@ -89,7 +89,7 @@ impl Store {
 
     /// Decompresses content `id`'s blob into `out`; false if it has none or it is corrupt.
     pub(super) fn decompress(&self, id: ContentId, out: &mut [u8]) -> bool {
-        let Some(blob) = self.blobs.get(&id) else { return false };
+        let Some(blob) = self.blobs.get(id) else { return false };
         matches!(lz4_flex::block::decompress_into(blob, out), Ok(n) if n == PAGE_SIZE)
     }
 }

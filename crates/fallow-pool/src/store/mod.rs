@@ -36,12 +36,14 @@ use crate::arena::{Arena, ArenaFull, FrameId, FRAMES_PER_SEGMENT};
 use crate::content::{content_hash, hash_tag, tag_key, Digest};
 use fallow_core::DedupScope;
 
+mod blobs;
 mod by_id;
 mod compress;
 mod meta;
 mod places;
 mod shrink;
 
+use blobs::Blobs;
 use by_id::{ById, VIRTUAL_BASE};
 pub use compress::Compression;
 use meta::{Meta, HASHED, LIVE, PINNED};
@@ -60,7 +62,7 @@ pub type ContentId = u32;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Place {
     Frame(FrameId),
-    /// lz4 bytes in `Store::blobs`.
+    /// lz4 bytes in `Store::blobs` (`blobs.rs`).
     Compressed,
     /// The bytes are gone; reads miss.
     Dead,
@@ -244,7 +246,7 @@ pub struct Store {
     /// Segment number → frames in it whose content is pinned (a persistent page), so a
     /// shrink can pick the segments that are cheapest to release.
     pinned: Vec<u32>,
-    blobs: HashMap<ContentId, Box<[u8]>>,
+    blobs: Blobs,
     blob_bytes: usize,
     budget_bytes: usize,
     /// Where a shrink looks next for an unpinned page to drop (a hand over frames).
@@ -270,7 +272,7 @@ impl Store {
             live_contents: 0,
             dedup,
             pinned: Vec::new(),
-            blobs: HashMap::new(),
+            blobs: Blobs::default(),
             blob_bytes: 0,
             budget_bytes,
             cursor: 0,
@@ -557,7 +559,7 @@ impl Store {
                 self.arena.free(f);
             }
             Place::Compressed => {
-                if let Some(blob) = self.blobs.remove(&id) {
+                if let Some(blob) = self.blobs.remove(id) {
                     self.blob_bytes -= blob.len();
                     self.refresh_frame_limit();
                 }
@@ -642,7 +644,6 @@ impl Store {
     fn heap_bytes(&self) -> usize {
         use std::mem::size_of;
         let dedup = self.dedup.heap_bytes();
-        let blobs = self.blobs.capacity() * (size_of::<(ContentId, Box<[u8]>)>() + 1);
         self.arena.heap_bytes()
             + self.contents.resident_bytes()
             + self.meta.heap_bytes()
@@ -650,7 +651,7 @@ impl Store {
             + self.free_virtual.capacity() * size_of::<ContentId>()
             + self.pinned.capacity() * size_of::<u32>()
             + dedup
-            + blobs
+            + self.blobs.heap_bytes()
     }
 
     /// Panics unless every content's reference count equals `refs[id]` (as counted from
@@ -684,7 +685,7 @@ impl Store {
                         *stale.entry(f.segment()).or_insert(0) += 1;
                     }
                 }
-                Place::Compressed => assert!(self.blobs.contains_key(&id), "blob missing"),
+                Place::Compressed => assert!(self.blobs.contains(id), "blob missing"),
                 Place::Dead => {}
             }
         }
@@ -711,7 +712,7 @@ impl Store {
         let mut draining: Vec<(usize, usize)> = stale.into_iter().collect();
         draining.sort_unstable();
         assert_eq!(draining, self.arena.draining(), "stale frames of released segments drifted");
-        let blob_bytes: usize = self.blobs.values().map(|b| b.len()).sum();
+        let blob_bytes: usize = self.blobs.iter().map(|(_, b)| b.len()).sum();
         assert_eq!(blob_bytes, self.blob_bytes, "compressed byte count drifted");
     }
 

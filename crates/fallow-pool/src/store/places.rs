@@ -129,9 +129,9 @@ impl Store {
     /// Panics unless the exception maps agree with each other and with the flags.
     pub(super) fn validate_places(&self) {
         let mut framed = 0;
-        for id in self.blobs.keys() {
-            assert!(self.meta.has(*id, EXCEPTION), "compressed content {id} not flagged");
-            assert!(!self.exceptions.by_id.contains_key(id), "compressed content {id} framed");
+        for (id, _) in self.blobs.iter() {
+            assert!(self.meta.has(id, EXCEPTION), "compressed content {id} not flagged");
+            assert!(!self.exceptions.by_id.contains_key(&id), "compressed content {id} framed");
         }
         for (&id, &place) in &self.exceptions.by_id {
             assert!(self.meta.has(id, LIVE), "free content {id} has an exception");
@@ -150,7 +150,7 @@ impl Store {
         assert_eq!(framed, self.exceptions.by_frame.len(), "frame owners without exception");
         for id in self.meta.ids() {
             let flagged = self.meta.has(id, EXCEPTION);
-            let listed = self.exceptions.by_id.contains_key(&id) || self.blobs.contains_key(&id);
+            let listed = self.exceptions.by_id.contains_key(&id) || self.blobs.contains(id);
             assert_eq!(flagged, listed, "content {id}");
             if id >= VIRTUAL_BASE && self.meta.has(id, LIVE) {
                 assert!(flagged || self.meta.has(id, DEAD), "virtual id {id} names no frame");

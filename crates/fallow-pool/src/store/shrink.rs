@@ -114,7 +114,7 @@ impl Store {
         if !over(self) {
             return;
         }
-        let ids: Vec<ContentId> = self.blobs.keys().copied().take(max).collect();
+        let ids: Vec<ContentId> = self.blobs.iter().map(|(id, _)| id).take(max).collect();
         for id in ids {
             if !over(self) {
                 break;
