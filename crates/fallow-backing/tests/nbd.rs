@@ -634,10 +634,16 @@ async fn eshutdown_means_disc_then_one_retry_elsewhere() {
     let store = NbdStore::connect(&fake.uri("")).await.unwrap();
     store.write(0, pattern(4, 4096), false).await.unwrap();
     assert_eq!(store.read(0, 4096).await.unwrap(), pattern(4, 4096));
-    // Connection 0 got the read, then DISC; the read was answered on connection 1.
+    // Connection 0 got the read, then DISC; the read was answered on connection 1. The
+    // DISC goes out as connection 0 is let go, which may finish after the read returned:
+    // wait for it (bounded), then check the exact order.
     let on = |conn: usize| -> Vec<Cmd> {
         fake.seen().iter().filter(|(c, _)| *c == conn).map(|(_, r)| r.cmd).collect()
     };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while on(0).len() < 3 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert_eq!(on(0), [Cmd::Write, Cmd::Read, Cmd::Disc]);
     assert_eq!(on(1), [Cmd::Read]);
     // A flush is not retried: a new connection's flush would not cover the old one's
