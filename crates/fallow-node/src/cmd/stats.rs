@@ -22,6 +22,7 @@ pub(super) fn collect(node: &Node, client: &Client) -> Reply {
     for (name, value) in [
         ("lent_bytes", stats.budget_bytes as u64),
         ("mapped_bytes", stats.mapped_bytes as u64),
+        ("discarded_bytes", stats.discarded_bytes as u64),
         ("used_bytes", (stats.frames_used * PAGE_SIZE) as u64),
         ("pages", stats.pages),
         ("fill_pages", stats.fill_pages),
