@@ -5,25 +5,21 @@
 //! every shard lock held: at 57,344 compressed pages the doubling held every get for ~4 ms
 //! (a 256 MiB engine; `compress_cold(32)` passes, session 10), and a larger cache waits
 //! longer. Most compressed contents have virtual ids (`compress.rs` renames a content that
-//! one entry names), which are dense from [`VIRTUAL_BASE`]: their blobs sit in chunks of
-//! [`CHUNK`] slots, added one at a time and never copied. The few compressed contents that
-//! keep a frame number as their id (several entries name them) go in a small map.
+//! one entry names), which are dense from [`VIRTUAL_BASE`]: their blobs sit in a
+//! [`Chunked`] table, never moved as it grows. The few compressed contents that keep a
+//! frame number as their id (several entries name them) go in a small map.
 
 use std::collections::HashMap;
 
 use super::by_id::VIRTUAL_BASE;
+use super::chunked::Chunked;
 use super::ContentId;
-
-/// Slots per chunk: 64 KiB of slot pointers.
-const CHUNK: usize = 4096;
-
-/// One slot per virtual id of a chunk: a compressed content's lz4 bytes, or nothing.
-type Chunk = Box<[Option<Box<[u8]>>]>;
 
 /// Compressed contents' bytes by content id.
 #[derive(Default)]
 pub struct Blobs {
-    chunks: Vec<Chunk>,
+    /// By `id - VIRTUAL_BASE`: a compressed content's lz4 bytes, or nothing.
+    virtual_ids: Chunked<Option<Box<[u8]>>>,
     /// Blobs of contents whose id is a frame number.
     framed: HashMap<ContentId, Box<[u8]>>,
     len: usize,
@@ -32,8 +28,8 @@ pub struct Blobs {
 impl Blobs {
     /// The blob of content `id`, if it has one.
     pub fn get(&self, id: ContentId) -> Option<&[u8]> {
-        match virtual_slot(id) {
-            Some((c, s)) => self.chunks.get(c)?[s].as_deref(),
+        match virtual_pos(id) {
+            Some(pos) => self.virtual_ids.get(pos)?.as_deref(),
             None => self.framed.get(&id).map(|b| &b[..]),
         }
     }
@@ -45,12 +41,10 @@ impl Blobs {
 
     /// Gives content `id` its blob (it had none).
     pub fn insert(&mut self, id: ContentId, blob: Box<[u8]>) {
-        let old = match virtual_slot(id) {
-            Some((c, s)) => {
-                while self.chunks.len() <= c {
-                    self.chunks.push((0..CHUNK).map(|_| None).collect());
-                }
-                self.chunks[c][s].replace(blob)
+        let old = match virtual_pos(id) {
+            Some(pos) => {
+                self.virtual_ids.extend_to(pos + 1);
+                self.virtual_ids[pos].replace(blob)
             }
             None => self.framed.insert(id, blob),
         };
@@ -60,8 +54,8 @@ impl Blobs {
 
     /// Takes content `id`'s blob away.
     pub fn remove(&mut self, id: ContentId) -> Option<Box<[u8]>> {
-        let blob = match virtual_slot(id) {
-            Some((c, s)) => self.chunks.get_mut(c)?[s].take(),
+        let blob = match virtual_pos(id) {
+            Some(pos) => self.virtual_ids.get_mut(pos)?.take(),
             None => self.framed.remove(&id),
         };
         self.len -= usize::from(blob.is_some());
@@ -75,32 +69,27 @@ impl Blobs {
 
     /// Every content with a blob, and the blob.
     pub fn iter(&self) -> impl Iterator<Item = (ContentId, &[u8])> + '_ {
-        let virtual_ids = self.chunks.iter().enumerate().flat_map(|(c, chunk)| {
-            chunk.iter().enumerate().filter_map(move |(s, blob)| {
-                let id = VIRTUAL_BASE + (c * CHUNK + s) as ContentId;
-                blob.as_deref().map(|b| (id, b))
-            })
+        let virtual_ids = self.virtual_ids.iter().enumerate().filter_map(|(pos, blob)| {
+            blob.as_deref().map(|b| (VIRTUAL_BASE + pos as ContentId, b))
         });
         self.framed.iter().map(|(&id, b)| (id, &b[..])).chain(virtual_ids)
     }
 
     /// Heap bytes of the tables (not of the blobs, which the budget counts).
     pub fn heap_bytes(&self) -> usize {
-        use std::mem::size_of;
-        self.chunks.len() * CHUNK * size_of::<Option<Box<[u8]>>>()
-            + self.chunks.capacity() * size_of::<Chunk>()
-            + self.framed.capacity() * (size_of::<(ContentId, Box<[u8]>)>() + 1)
+        let entry = std::mem::size_of::<(ContentId, Box<[u8]>)>() + 1;
+        self.virtual_ids.heap_bytes() + self.framed.capacity() * entry
     }
 }
 
-/// The chunk and slot of virtual id `id`; `None` for a frame number.
-fn virtual_slot(id: ContentId) -> Option<(usize, usize)> {
-    let n = id.checked_sub(VIRTUAL_BASE)? as usize;
-    Some((n / CHUNK, n % CHUNK))
+/// The position of virtual id `id`; `None` for a frame number.
+fn virtual_pos(id: ContentId) -> Option<usize> {
+    Some(id.checked_sub(VIRTUAL_BASE)? as usize)
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::chunked::CHUNK;
     use super::*;
 
     #[test]
@@ -110,7 +99,7 @@ mod tests {
         b.insert(7, vec![1].into());
         b.insert(VIRTUAL_BASE, vec![2].into());
         b.insert(far, vec![3].into());
-        assert_eq!((b.len(), b.chunks.len()), (3, 4), "chunks up to the highest id");
+        assert_eq!((b.len(), b.virtual_ids.len()), (3, 3 * CHUNK + 6), "up to the highest id");
         assert_eq!(
             (b.get(7), b.get(VIRTUAL_BASE), b.get(far)),
             (Some(&[1][..]), Some(&[2][..]), Some(&[3][..]))

@@ -3,12 +3,12 @@
 //! A content's id is the number of the frame it was first stored in, whenever that number
 //! is not still taken by an older content (see `places.rs`); so ids below [`VIRTUAL_BASE`]
 //! are frame numbers and index one vector, sized like a per-frame table, and the others
-//! (2³⁰ and up) index chunks of [`CHUNK`] entries, added as ids are and never moved: a
-//! vector doubling would copy them all under the store lock (a compressing engine's
+//! (2³⁰ and up) index a [`Chunked`] table, never moved as it grows (a compressing engine's
 //! virtual ids number its compressed pages).
 
 use std::ops::{Index, IndexMut};
 
+use super::chunked::Chunked;
 use super::ContentId;
 
 /// The first id that is not a frame number. Frame numbers stay below it
@@ -18,28 +18,18 @@ pub const VIRTUAL_BASE: ContentId = 1 << 30;
 /// How many virtual ids there are: from [`VIRTUAL_BASE`] up to 2³¹, the slot's fill bit.
 pub const VIRTUAL_IDS: usize = 1 << 30;
 
-/// Virtual ids per chunk.
-const CHUNK: usize = 4096;
-
 /// A `T` per content id.
 pub struct ById<T> {
     frames: Vec<T>,
-    /// Entries of virtual ids, `CHUNK` to a chunk.
-    virtual_chunks: Vec<Box<[T]>>,
-    /// Virtual ids with an entry.
-    virtual_len: usize,
+    /// Entries of virtual ids, by `id - VIRTUAL_BASE`.
+    virtual_ids: Chunked<T>,
     /// The most virtual ids: [`VIRTUAL_IDS`], less in tests.
     virtual_cap: usize,
 }
 
 impl<T> Default for ById<T> {
     fn default() -> Self {
-        Self {
-            frames: Vec::new(),
-            virtual_chunks: Vec::new(),
-            virtual_len: 0,
-            virtual_cap: VIRTUAL_IDS,
-        }
+        Self { frames: Vec::new(), virtual_ids: Chunked::default(), virtual_cap: VIRTUAL_IDS }
     }
 }
 
@@ -57,14 +47,11 @@ impl<T: Default> ById<T> {
     /// when every virtual id has one (reachable only near the largest budgets, with most
     /// pages compressed: the caller does without).
     pub fn push_virtual(&mut self) -> Option<ContentId> {
-        let n = self.virtual_len;
+        let n = self.virtual_ids.len();
         if n >= self.virtual_cap {
             return None;
         }
-        if n == self.virtual_chunks.len() * CHUNK {
-            self.virtual_chunks.push((0..CHUNK).map(|_| T::default()).collect());
-        }
-        self.virtual_len += 1;
+        self.virtual_ids.extend_to(n + 1);
         Some(VIRTUAL_BASE + n as ContentId)
     }
 
@@ -78,7 +65,7 @@ impl<T: Default> ById<T> {
 impl<T> ById<T> {
     /// Entries: frame numbers covered, then virtual ids.
     pub fn len(&self) -> usize {
-        self.frames.len() + self.virtual_len
+        self.frames.len() + self.virtual_ids.len()
     }
 
     /// The id of the `pos`-th entry (`pos < len()`): a position for clock hands and steps.
@@ -100,7 +87,7 @@ impl<T> ById<T> {
         if id < VIRTUAL_BASE {
             (id as usize) < self.frames.len()
         } else {
-            ((id - VIRTUAL_BASE) as usize) < self.virtual_len
+            ((id - VIRTUAL_BASE) as usize) < self.virtual_ids.len()
         }
     }
 
@@ -111,10 +98,7 @@ impl<T> ById<T> {
 
     /// Heap bytes, by length: the frame table's reservation past it is address space.
     pub fn resident_bytes(&self) -> usize {
-        use std::mem::size_of;
-        crate::dense::resident_bytes(&self.frames)
-            + self.virtual_chunks.len() * CHUNK * size_of::<T>()
-            + self.virtual_chunks.capacity() * size_of::<Box<[T]>>()
+        crate::dense::resident_bytes(&self.frames) + self.virtual_ids.heap_bytes()
     }
 }
 
@@ -126,9 +110,7 @@ impl<T> Index<ContentId> for ById<T> {
         if id < VIRTUAL_BASE {
             &self.frames[id as usize]
         } else {
-            let n = (id - VIRTUAL_BASE) as usize;
-            debug_assert!(n < self.virtual_len, "virtual id {id} has no entry");
-            &self.virtual_chunks[n / CHUNK][n % CHUNK]
+            &self.virtual_ids[(id - VIRTUAL_BASE) as usize]
         }
     }
 }
@@ -139,15 +121,14 @@ impl<T> IndexMut<ContentId> for ById<T> {
         if id < VIRTUAL_BASE {
             &mut self.frames[id as usize]
         } else {
-            let n = (id - VIRTUAL_BASE) as usize;
-            debug_assert!(n < self.virtual_len, "virtual id {id} has no entry");
-            &mut self.virtual_chunks[n / CHUNK][n % CHUNK]
+            &mut self.virtual_ids[(id - VIRTUAL_BASE) as usize]
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::chunked::CHUNK;
     use super::*;
 
     #[test]
@@ -167,7 +148,7 @@ mod tests {
         }
         let past = VIRTUAL_BASE + CHUNK as ContentId + 1;
         v[past] = 7;
-        assert_eq!((v[past], v[b], v.virtual_chunks.len()), (7, 9, 2));
+        assert_eq!((v[past], v[b]), (7, 9), "an entry past a chunk's end, and one before");
         assert_eq!(v.ids().last(), Some(VIRTUAL_BASE + CHUNK as ContentId + 2));
         v.cap_virtual(CHUNK + 4);
         assert_eq!(v.push_virtual(), Some(VIRTUAL_BASE + CHUNK as ContentId + 3));

@@ -38,6 +38,7 @@ use fallow_core::DedupScope;
 
 mod blobs;
 mod by_id;
+mod chunked;
 mod compress;
 mod meta;
 mod places;
