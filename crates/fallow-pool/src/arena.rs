@@ -257,16 +257,13 @@ impl Arena {
     /// those as blobs already, `Store::refresh_frame_limit`). A frame of a segment being
     /// released is only freed: the segment goes whole.
     pub fn free_and_discard(&mut self, frame: FrameId) {
-        let segment = frame.segment();
-        let Some(Segment::Mapped { used }) = self.segments.get_mut(segment) else {
-            return self.free(frame);
-        };
-        *used -= 1;
-        self.used -= 1;
-        if let Some(extent) = self.extents[segment / EXTENT_SEGMENTS].as_mut() {
-            extent.discard_frame(segment, frame.slot());
+        if self.untake(frame) {
+            let segment = frame.segment();
+            if let Some(extent) = self.extents[segment / EXTENT_SEGMENTS].as_mut() {
+                extent.discard_frame(segment, frame.slot());
+            }
+            self.discarded.push(frame);
         }
-        self.discarded.push(frame);
     }
 
     /// Free frames of mapped segments whose memory is back with the OS.
@@ -284,11 +281,19 @@ impl Arena {
     /// of the segment. The caller guarantees the frame was allocated and is no longer
     /// referenced.
     pub fn free(&mut self, frame: FrameId) {
+        if self.untake(frame) {
+            self.free.push(frame);
+        }
+    }
+
+    /// Undoes [`Arena::take`] for a frame no longer referenced: true when its segment is
+    /// mapped, so the caller lists it free; a draining segment's frame only lets go of it.
+    fn untake(&mut self, frame: FrameId) -> bool {
         match self.segments.get_mut(frame.segment()) {
             Some(Segment::Mapped { used, .. }) => {
                 *used -= 1;
                 self.used -= 1;
-                self.free.push(frame);
+                true
             }
             Some(seg @ Segment::Draining { .. }) => {
                 if let Segment::Draining { stale } = seg {
@@ -297,8 +302,12 @@ impl Arena {
                         *seg = Segment::Free;
                     }
                 }
+                false
             }
-            _ => debug_assert!(false, "free of {frame:?} in a free segment"),
+            _ => {
+                debug_assert!(false, "free of {frame:?} in a free segment");
+                false
+            }
         }
     }
 
