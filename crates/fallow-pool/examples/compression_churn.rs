@@ -16,6 +16,9 @@
 use fallow_core::{PageKey, PageStore, PoolSpec, PAGE_SIZE};
 use fallow_pool::{Engine, EngineBuilder};
 
+#[path = "../tests/support/mod.rs"]
+mod support;
+
 /// The process's anonymous resident memory, in bytes.
 fn rss_anon() -> usize {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -53,10 +56,7 @@ fn main() {
             let key = next(&mut x) % keys;
             let random = 64 + (next(&mut x) as usize) % (PAGE_SIZE - 64);
             page.fill(0);
-            let mut y = x | 1;
-            for b in &mut page[..random] {
-                *b = next(&mut y) as u8;
-            }
+            support::unique_page_into(x, &mut page[..random]);
             page[..8].copy_from_slice(&key.to_le_bytes());
             let _ = e.put(PageKey::new(pool, key / 1024, key % 1024), &page).expect("put");
             if n % 4096 == 4095 {

@@ -20,18 +20,14 @@ use std::time::Instant;
 use fallow_core::{PageKey, PageStore, PoolSpec, PutOutcome, PAGE_SIZE};
 use fallow_pool::{Engine, EngineBuilder};
 
+#[path = "../tests/support/mod.rs"]
+mod support;
+
 /// A page unique to `seed`: random bytes, then zeros from `random_bytes` on (lz4 shrinks
 /// it to about that many bytes).
 fn page(seed: u64, out: &mut [u8], random_bytes: usize) {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     out.fill(0);
-    for b in &mut out[..random_bytes] {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        *b = x as u8;
-    }
-    out[..8].copy_from_slice(&seed.to_le_bytes());
+    support::unique_page_into(seed, &mut out[..random_bytes]);
 }
 
 fn main() {
