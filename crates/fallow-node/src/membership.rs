@@ -104,7 +104,7 @@ fn addresses(
 /// count as used).
 fn capacity(engine: &Engine) -> (u64, u64) {
     let memory = engine.memory();
-    let used = memory.frames_used * PAGE_SIZE + memory.compressed_bytes;
+    let used = memory.frames_used * PAGE_SIZE + memory.compressed_space_bytes;
     (memory.budget_bytes as u64, memory.budget_bytes.saturating_sub(used) as u64)
 }
 

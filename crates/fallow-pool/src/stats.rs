@@ -76,7 +76,11 @@ pub struct EngineStats {
     pub dedup_saved_bytes: u64,
     /// Pages held compressed.
     pub compressed_pages: usize,
-    /// Bytes saved by compression.
+    /// Memory holding the compressed pages: their slabs, the holes freed pages left in
+    /// them included. Counted against the budget, as frames in use are.
+    pub compressed_space_bytes: usize,
+    /// Bytes saved by compression: the compressed pages' 4 KiB each, less the memory that
+    /// holds them.
     pub compression_saved_bytes: u64,
     /// Reads whose checksum failed.
     pub corruptions: u64,
@@ -121,12 +125,14 @@ impl EngineStats {
             contents: usage.contents,
             dedup_saved_bytes: (framed.saturating_sub(usage.contents as u64) + fill_pages) * page,
             compressed_pages: usage.compressed_pages,
+            compressed_space_bytes: usage.compressed_space_bytes,
             compression_saved_bytes: (usage.compressed_pages as u64 * page)
-                .saturating_sub(usage.compressed_bytes as u64),
+                .saturating_sub(usage.compressed_space_bytes as u64),
             corruptions: usage.corruptions,
             dropped_by_shrink: usage.dropped_by_shrink,
-            over_budget_frames: (usage.frames_used + usage.compressed_bytes.div_ceil(PAGE_SIZE))
-                .saturating_sub(usage.budget_bytes / PAGE_SIZE),
+            over_budget_frames: (usage.frames_used
+                + usage.compressed_space_bytes.div_ceil(PAGE_SIZE))
+            .saturating_sub(usage.budget_bytes / PAGE_SIZE),
             metadata_bytes: index_bytes + usage.heap_bytes,
             shards,
             policy,
@@ -171,20 +177,23 @@ pub struct MemoryUsage {
     pub discarded_bytes: usize,
     /// Frames holding page bytes.
     pub frames_used: usize,
-    /// Bytes of compressed page data (held on the heap, counted against the budget).
+    /// Bytes of compressed page data.
     pub compressed_bytes: usize,
+    /// Memory holding the compressed data (slabs of 64 KiB, holes included): what the
+    /// budget is charged for it.
+    pub compressed_space_bytes: usize,
 }
 
 impl MemoryUsage {
-    /// Bytes held for pages: mapped segments, less their discarded frames, plus
-    /// compressed data.
+    /// Bytes held for pages: mapped segments, less their discarded frames, plus the
+    /// compressed data's slabs.
     pub fn held_bytes(&self) -> usize {
-        self.mapped_bytes - self.discarded_bytes + self.compressed_bytes
+        self.mapped_bytes - self.discarded_bytes + self.compressed_space_bytes
     }
 
     /// Frames in use beyond the budget (as [`EngineStats::over_budget_frames`]).
     pub fn over_budget_frames(&self) -> usize {
-        (self.frames_used + self.compressed_bytes.div_ceil(PAGE_SIZE))
+        (self.frames_used + self.compressed_space_bytes.div_ceil(PAGE_SIZE))
             .saturating_sub(self.budget_bytes / PAGE_SIZE)
     }
 }

@@ -28,6 +28,7 @@ pub(super) fn collect(node: &Node, client: &Client) -> Reply {
         ("fill_pages", stats.fill_pages),
         ("dedup_saved_bytes", stats.dedup_saved_bytes),
         ("compressed_pages", stats.compressed_pages as u64),
+        ("compressed_space_bytes", stats.compressed_space_bytes as u64),
         ("compression_saved_bytes", stats.compression_saved_bytes),
         ("checksum_failures", stats.corruptions),
         ("dropped_by_shrink", stats.dropped_by_shrink),

@@ -34,6 +34,9 @@ use crate::stats::{BudgetReport, EngineStats, MemoryUsage, PoolStats};
 use crate::store::{Compression, ShrinkReport, Store};
 use crate::sweep::{SweepReport, SweepState};
 
+/// Slabs of compressed pages a compression pass packs at most (`Store::clean_blobs`).
+const CLEAN_PER_PASS: usize = 2;
+
 /// Segments released per store-lock hold when shrinking: one extent, so that a step
 /// usually empties one mapping (one `munmap`, after the lock). Bounds how long a get can
 /// wait behind a shrink: each segment costs a scan of its 512 content flag bytes, plus any
@@ -239,6 +242,7 @@ impl Engine {
             discarded_bytes: usage.discarded_bytes,
             frames_used: usage.frames_used,
             compressed_bytes: usage.compressed_bytes,
+            compressed_space_bytes: usage.compressed_space_bytes,
         }
     }
 
@@ -310,6 +314,9 @@ impl Inner {
                 }
             });
         }
+        // Pages dropped or overwritten since the last pass left holes among the compressed
+        // ones: pack a few slabs (each a copy of at most 64 KiB under these locks).
+        store.clean_blobs(CLEAN_PER_PASS);
         done
     }
 

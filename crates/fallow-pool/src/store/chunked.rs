@@ -42,11 +42,6 @@ impl<T> Chunked<T> {
         (pos < self.len).then(|| &self.chunks[pos / CHUNK][pos % CHUNK])
     }
 
-    /// The entry at `pos`, if it exists.
-    pub fn get_mut(&mut self, pos: usize) -> Option<&mut T> {
-        (pos < self.len).then(|| &mut self.chunks[pos / CHUNK][pos % CHUNK])
-    }
-
     /// Every entry, by position.
     pub fn iter(&self) -> impl Iterator<Item = &T> + '_ {
         self.chunks.iter().flat_map(|c| c.iter()).take(self.len)

@@ -49,13 +49,17 @@ impl Store {
             self.meta.clear(id, COMPRESSIBLE);
             return Compression::Left;
         }
+        // Room for the blob first: past this point nothing can fail.
+        if !self.blobs.reserve(packed.len()) {
+            return Compression::Left;
+        }
         self.move_pin(id, Some(frame), None);
         self.arena.free_and_discard(frame);
-        self.blob_bytes += packed.len();
         let alone = frame.raw() == id && self.meta.refs(id) == 1;
         let kept = if alone { self.rename(id) } else { id };
         self.set_place(kept, Place::Compressed);
-        self.blobs.insert(kept, packed.into_boxed_slice());
+        let stored = self.blobs.insert(kept, &packed);
+        debug_assert!(stored, "the blob's room was reserved");
         self.refresh_frame_limit();
         if kept != id {
             Compression::Renamed(kept)
@@ -85,6 +89,18 @@ impl Store {
         self.meta.drop_ref(id);
         self.meta.forget(id);
         new
+    }
+
+    /// Packs the compressed pages' records together where freed ones left holes (at most
+    /// `max_slabs` slabs copied; see `blob_space.rs`), so that the budget they are
+    /// charged stays close to their bytes. The caller holds the store's write lock, which
+    /// keeps every reader of the blobs out.
+    pub fn clean_blobs(&mut self, max_slabs: usize) -> usize {
+        let cleaned = self.blobs.clean(max_slabs);
+        if cleaned > 0 {
+            self.refresh_frame_limit();
+        }
+        cleaned
     }
 
     /// Decompresses content `id`'s blob into `out`; false if it has none or it is corrupt.

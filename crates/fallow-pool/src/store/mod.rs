@@ -36,6 +36,7 @@ use crate::arena::{Arena, ArenaFull, FrameId, FRAMES_PER_SEGMENT};
 use crate::content::{content_hash, hash_tag, tag_key, Digest};
 use fallow_core::DedupScope;
 
+mod blob_space;
 mod blobs;
 mod by_id;
 mod chunked;
@@ -248,7 +249,6 @@ pub struct Store {
     /// shrink can pick the segments that are cheapest to release.
     pinned: Vec<u32>,
     blobs: Blobs,
-    blob_bytes: usize,
     budget_bytes: usize,
     /// Where a shrink looks next for an unpinned page to drop (a hand over frames).
     cursor: usize,
@@ -274,7 +274,6 @@ impl Store {
             dedup,
             pinned: Vec::new(),
             blobs: Blobs::default(),
-            blob_bytes: 0,
             budget_bytes,
             cursor: 0,
             corruptions: 0,
@@ -284,7 +283,7 @@ impl Store {
     }
 
     fn refresh_frame_limit(&mut self) {
-        let blob_frames = self.blob_bytes.div_ceil(PAGE_SIZE);
+        let blob_frames = self.blobs.resident_bytes().div_ceil(PAGE_SIZE);
         self.arena.set_limit((self.budget_bytes / PAGE_SIZE).saturating_sub(blob_frames));
     }
 
@@ -317,7 +316,14 @@ impl Store {
                 return Ok(Interned::Shared(id));
             }
         }
-        let frame = self.arena.alloc()?;
+        let frame = match self.arena.alloc() {
+            Ok(frame) => frame,
+            // Holes that evicted compressed pages left in the blob space still count against
+            // the budget: packing a slab (a copy of at most 64 KiB) gives room back
+            // without evicting another page.
+            Err(ArenaFull::AtLimit) if self.clean_blobs(1) > 0 => self.arena.alloc()?,
+            Err(full) => return Err(full),
+        };
         self.cover_frames();
         let Some(id) = self.id_for(frame) else {
             // Every virtual id is held (compressed and displaced contents, near the largest
@@ -560,8 +566,7 @@ impl Store {
                 self.arena.free(f);
             }
             Place::Compressed => {
-                if let Some(blob) = self.blobs.remove(id) {
-                    self.blob_bytes -= blob.len();
+                if self.blobs.remove(id).is_some() {
                     self.refresh_frame_limit();
                 }
             }
@@ -634,7 +639,8 @@ impl Store {
             discarded_bytes: self.arena.discarded_frames() * PAGE_SIZE,
             budget_bytes: self.budget_bytes,
             compressed_pages: self.blobs.len(),
-            compressed_bytes: self.blob_bytes,
+            compressed_bytes: self.blobs.payload_bytes(),
+            compressed_space_bytes: self.blobs.resident_bytes(),
             contents: self.live_contents,
             corruptions: self.corruptions,
             dropped_by_shrink: self.dropped,
@@ -713,8 +719,7 @@ impl Store {
         let mut draining: Vec<(usize, usize)> = stale.into_iter().collect();
         draining.sort_unstable();
         assert_eq!(draining, self.arena.draining(), "stale frames of released segments drifted");
-        let blob_bytes: usize = self.blobs.iter().map(|(_, b)| b.len()).sum();
-        assert_eq!(blob_bytes, self.blob_bytes, "compressed byte count drifted");
+        self.blobs.validate();
     }
 
     /// Flips one byte of a content's stored bytes, for integrity tests.
@@ -741,6 +746,8 @@ pub struct StoreUsage {
     pub compressed_pages: usize,
     /// Bytes of compressed page data.
     pub compressed_bytes: usize,
+    /// Bytes of the slabs that hold it, holes included: what the budget is charged.
+    pub compressed_space_bytes: usize,
     /// Distinct contents (after dedup).
     pub contents: usize,
     /// Reads whose checksum failed.

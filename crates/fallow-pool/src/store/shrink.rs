@@ -17,6 +17,10 @@ use super::meta::Meta;
 use super::{ContentId, Place, Store, PINNED};
 use crate::arena::{Arena, Extent, FrameId, EXTENT_SEGMENTS, FRAMES_PER_SEGMENT};
 
+/// Slabs of compressed pages a shrink step cleans at most before it drops any: each
+/// is a copy of up to 64 KiB under the locks.
+const CLEAN_PER_STEP: usize = 4;
+
 /// What a shrink did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ShrinkReport {
@@ -72,7 +76,8 @@ impl Store {
         max_segments: usize,
         report: &mut ShrinkReport,
     ) -> (Vec<Extent>, bool) {
-        self.drop_compressed_over_budget(max_segments * FRAMES_PER_SEGMENT, report);
+        let blobs_left =
+            self.drop_compressed_over_budget(max_segments * FRAMES_PER_SEGMENT, report);
         let limit = self.arena.limit();
         let keep = limit.div_ceil(FRAMES_PER_SEGMENT);
         let surplus = self.arena.mapped_segments().saturating_sub(keep);
@@ -97,7 +102,7 @@ impl Store {
         }
         let (count, extents) = self.arena.release_segments(&released);
         report.segments_released += count;
-        if surplus > release.len() && count > 0 && !plan.is_empty() {
+        if blobs_left || (surplus > release.len() && count > 0 && !plan.is_empty()) {
             return (extents, true);
         }
         // Fewer segments may still leave more frames in use than the limit allows.
@@ -106,26 +111,40 @@ impl Store {
         (extents, false)
     }
 
-    /// Drops compressed pages that no persistent entry pins (the coldest pages there are)
-    /// while the budget is exceeded, at most `max` of them.
-    fn drop_compressed_over_budget(&mut self, max: usize, report: &mut ShrinkReport) {
+    /// While the budget is exceeded, gives back compressed pages' memory: first by
+    /// cleaning their slabs (no page lost), then slab by slab, dropping the pages
+    /// that no persistent entry pins (the coldest there are) and moving the persistent ones
+    /// to the open slab, so that each slab goes back whole. At most `max` pages
+    /// dropped; true when that bound stopped it with the budget still exceeded.
+    fn drop_compressed_over_budget(&mut self, max: usize, report: &mut ShrinkReport) -> bool {
         let budget_frames = self.budget_bytes / PAGE_SIZE;
-        let over = |s: &Store| s.blob_bytes.div_ceil(PAGE_SIZE) + s.arena.used() > budget_frames;
-        if !over(self) {
-            return;
-        }
-        let ids: Vec<ContentId> = self.blobs.iter().map(|(id, _)| id).take(max).collect();
-        for id in ids {
-            if !over(self) {
-                break;
+        let over =
+            |s: &Store| s.blobs.resident_bytes() / PAGE_SIZE + s.arena.used() > budget_frames;
+        let mut dropped = 0;
+        // One round of the slabs at most: what is left over the budget is persistent.
+        let mut visits = self.blobs.slabs_in_use();
+        while over(self) && dropped < max && visits > 0 {
+            if self.blobs.clean(CLEAN_PER_STEP) > 0 {
+                continue;
             }
-            if !self.meta.has(id, PINNED) {
-                self.drop_bytes(id);
-                self.dropped += 1;
-                report.contents_dropped += 1;
+            visits -= 1;
+            let Some((slab, ids)) = self.blobs.next_slab() else { break };
+            let before = dropped;
+            for id in ids {
+                if !self.meta.has(id, PINNED) {
+                    self.drop_bytes(id);
+                    self.dropped += 1;
+                    report.contents_dropped += 1;
+                    dropped += 1;
+                }
+            }
+            // A slab of persistent pages only stays as it is.
+            if dropped > before && !self.blobs.evacuate(slab) {
+                break;
             }
         }
         self.refresh_frame_limit();
+        dropped >= max && over(self)
     }
 
     /// Moves the pinned pages of segment `seg` to frames outside `release`, dropping
