@@ -52,6 +52,7 @@ async fn every_operation_over_the_wire() {
     assert_eq!(stats.pools(), vec![pool]);
     assert!(stats.get("lent_bytes").unwrap() >= 64 << 20);
     assert_eq!(stats.get("discarded_bytes"), Some(0), "nothing compressed, nothing discarded");
+    assert_eq!(stats.get("compressed_space_bytes"), Some(0), "no slab for compressed pages");
     assert_eq!(stats.get("eviction_small_share_percent"), Some(10), "the default policy's start");
     client.ping().await.unwrap();
     client.destroy_pool(pool).await.unwrap();
