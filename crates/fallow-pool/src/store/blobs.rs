@@ -247,4 +247,105 @@ mod tests {
         );
         assert_eq!(b.clean(usize::MAX), 0, "nothing more to clean");
     }
+
+    mod model {
+        use std::collections::HashMap;
+
+        use proptest::prelude::*;
+
+        use super::super::super::blob_space::{HEADER, SLAB_BYTES};
+        use super::*;
+
+        #[derive(Debug, Clone)]
+        enum Op {
+            /// A blob of this length for this id (a frame number below 64, else virtual).
+            Insert(u32, usize),
+            Remove(u32),
+            Clean(usize),
+            /// The next slab in turn: its records dropped or, with `true`, moved out.
+            GiveBack(bool),
+        }
+
+        fn id(n: u32) -> ContentId {
+            if n < 64 {
+                n
+            } else {
+                VIRTUAL_BASE + n
+            }
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                6 => (0u32..400, 1usize..3600).prop_map(|(n, len)| Op::Insert(n, len)),
+                4 => (0u32..400).prop_map(Op::Remove),
+                1 => (0usize..4).prop_map(Op::Clean),
+                1 => any::<bool>().prop_map(Op::GiveBack),
+            ]
+        }
+
+        /// A blob's bytes, from its id and an insertion count, so that a stale copy shows.
+        fn bytes(id: ContentId, nth: u32, len: usize) -> Vec<u8> {
+            (0..len).map(|i| (i as u32 ^ id ^ nth.wrapping_mul(0x9e37)) as u8).collect()
+        }
+
+        proptest! {
+            /// Against a `HashMap` of id → bytes: every blob reads back as last inserted,
+            /// through appends, frees, cleaning and slabs given back; the space never holds
+            /// more than the live records, their holes within the cleaning's allowance
+            /// after a clean, and what the spares and open slab add.
+            #[test]
+            fn agrees_with_a_map(ops in prop::collection::vec(op(), 1..300)) {
+                let mut b = Blobs::default();
+                let mut model: HashMap<ContentId, Vec<u8>> = HashMap::new();
+                let mut nth = 0u32;
+                for op in ops {
+                    match op {
+                        Op::Insert(n, len) => {
+                            let id = id(n);
+                            if !model.contains_key(&id) {
+                                nth += 1;
+                                let blob = bytes(id, nth, len);
+                                prop_assert!(b.reserve(len) && b.insert(id, &blob));
+                                model.insert(id, blob);
+                            }
+                        }
+                        Op::Remove(n) => {
+                            let id = id(n);
+                            prop_assert_eq!(b.remove(id), model.remove(&id).map(|v| v.len()));
+                        }
+                        Op::Clean(max) => {
+                            b.clean(max);
+                        }
+                        Op::GiveBack(evacuate) => {
+                            if let Some((slab, ids)) = b.next_slab() {
+                                if evacuate {
+                                    prop_assert!(b.evacuate(slab));
+                                } else {
+                                    for id in ids {
+                                        prop_assert!(b.remove(id).is_some());
+                                        model.remove(&id);
+                                    }
+                                }
+                                prop_assert!(b.live_records(slab).is_empty());
+                            }
+                        }
+                    }
+                    b.validate();
+                    prop_assert_eq!(b.len(), model.len());
+                    let live: usize = model.values().map(|v| HEADER + v.len()).sum();
+                    prop_assert_eq!(b.payload_bytes() + b.len() * HEADER, live);
+                }
+                for (id, blob) in &model {
+                    prop_assert_eq!(b.get(*id), Some(&blob[..]));
+                }
+                b.clean(usize::MAX);
+                let live: usize = model.values().map(|v| HEADER + v.len()).sum();
+                let allowed = live + live / 8 + (2 + super::super::super::blob_space::SPARES) * SLAB_BYTES;
+                prop_assert!(b.resident_bytes() <= allowed, "{} for {live}", b.resident_bytes());
+                for (id, blob) in &model {
+                    prop_assert_eq!(b.get(*id), Some(&blob[..]));
+                }
+            }
+        }
+    }
 }
