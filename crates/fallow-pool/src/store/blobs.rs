@@ -302,11 +302,11 @@ mod tests {
                     match op {
                         Op::Insert(n, len) => {
                             let id = id(n);
-                            if !model.contains_key(&id) {
+                            if let std::collections::hash_map::Entry::Vacant(slot) = model.entry(id) {
                                 nth += 1;
                                 let blob = bytes(id, nth, len);
                                 prop_assert!(b.reserve(len) && b.insert(id, &blob));
-                                model.insert(id, blob);
+                                slot.insert(blob);
                             }
                         }
                         Op::Remove(n) => {
