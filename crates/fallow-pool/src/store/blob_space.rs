@@ -215,11 +215,14 @@ impl BlobSpace {
     }
 
     /// Moves the hand past the next [`SCAN`] slabs in use but not open (free ones are
-    /// stepped over, once round at most) and returns the one with the fewest live bytes.
+    /// stepped over, at most `16 × SCAN` slabs looked at) and returns the one with the
+    /// fewest live bytes.
     fn scan(&mut self) -> Option<usize> {
         let n = self.slabs.len();
         let (mut best, mut seen): (Option<usize>, usize) = (None, 0);
-        for _ in 0..n {
+        // Free slabs are stepped over, but not without end: after a large drop most of a
+        // big space may be free, and this runs under the store lock (a put's included).
+        for _ in 0..n.min(16 * SCAN) {
             if seen == SCAN {
                 break;
             }
