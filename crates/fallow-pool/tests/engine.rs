@@ -19,6 +19,14 @@ fn engine(budget_pages: usize) -> Engine {
 }
 
 /// A page whose bytes are unique to `seed` and not same-filled.
+/// An engine of `budget_pages` with no compressor thread: compression runs only when the
+/// test calls `compress_cold`.
+fn compressing_engine(budget_pages: usize) -> Engine {
+    Engine::new(
+        EngineBuilder::new(budget_pages * PAGE_SIZE).compress_interval(None).build().unwrap(),
+    )
+}
+
 fn page(seed: u64) -> Vec<u8> {
     support::unique_page(seed)
 }
@@ -437,9 +445,7 @@ fn issue_2_a_compressing_pool_holds_no_more_memory_than_its_budget() {
     // in `examples/compression_churn`). A frame freed by compression now goes back to
     // the OS.
     let budget = 4 * FRAMES_PER_SEGMENT;
-    let e = Engine::new(
-        EngineBuilder::new(budget * PAGE_SIZE).compress_interval(None).build().unwrap(),
-    );
+    let e = compressing_engine(budget);
     let pool = e.create_pool(&PoolSpec::ephemeral().compress(true)).unwrap();
     // Unique bytes in the first half, zeros in the second: lz4 halves it, so frames stay
     // in use beside the blobs.
@@ -490,9 +496,7 @@ fn issue_2_holes_that_evicted_compressed_pages_leave_are_packed_and_charged() {
     // holes are packed (cleaned) by the compressor's passes and by a put that finds the
     // budget spent.
     let budget = 4 * FRAMES_PER_SEGMENT;
-    let e = Engine::new(
-        EngineBuilder::new(budget * PAGE_SIZE).compress_interval(None).build().unwrap(),
-    );
+    let e = compressing_engine(budget);
     let pool = e.create_pool(&PoolSpec::ephemeral().compress(true)).unwrap();
     // Unique bytes for a length that varies with the key, zeros after: blobs of every size.
     let page = |i: u64| {
@@ -543,9 +547,7 @@ fn a_shrink_below_the_compressed_pages_drops_ephemeral_ones_and_keeps_persistent
     // The compressed pages' slabs are charged to the budget: a shrink below them drops
     // the unpinned pages a slab at a time (packing first), never a persistent one.
     let budget = 4 * FRAMES_PER_SEGMENT;
-    let e = Engine::new(
-        EngineBuilder::new(budget * PAGE_SIZE).compress_interval(None).build().unwrap(),
-    );
+    let e = compressing_engine(budget);
     let kept = e.create_pool(&PoolSpec::persistent().compress(true)).unwrap();
     let cache = e.create_pool(&PoolSpec::ephemeral().compress(true)).unwrap();
     let page = |i: u64, unique: usize| {
@@ -590,9 +592,7 @@ fn issue_2_pages_put_in_frames_that_compression_freed_cost_no_more_than_others()
     // put later in that frame took a virtual id: 68 B of metadata a page instead of ~21 B
     // here, and a map lookup on every get. Now the compressed page takes the new id.
     let budget = 8192;
-    let e = Engine::new(
-        EngineBuilder::new(budget * PAGE_SIZE).compress_interval(None).build().unwrap(),
-    );
+    let e = compressing_engine(budget);
     let pool = e.create_pool(&PoolSpec::persistent().compress(true)).unwrap();
     let half = budget as u64 / 2;
     let text = |i: u64| format!("page {i} of a fairly compressible text file; ").repeat(100);
@@ -624,8 +624,7 @@ fn issue_2_pages_put_in_frames_that_compression_freed_cost_no_more_than_others()
 /// The engine's own count of its metadata per page, after filling `budget_pages` with pages
 /// of 1024-page objects (a volume's layout) in a pool of `spec`, in the default shards.
 fn metadata_per_page(budget_pages: usize, spec: &PoolSpec) -> f64 {
-    let config = EngineBuilder::new(budget_pages * PAGE_SIZE).compress_interval(None).build();
-    let e = Engine::new(config.unwrap());
+    let e = compressing_engine(budget_pages);
     let pool = e.create_pool(spec).unwrap();
     let mut buf = vec![0u8; PAGE_SIZE];
     for i in 0..budget_pages as u64 {

@@ -406,13 +406,18 @@ mod tests {
         (0..len).map(|i| (i as u32 ^ id.wrapping_mul(31)) as u8).collect()
     }
 
+    /// Appends `slabs` slabs' worth of `len`-byte records, ids from 0; records per slab,
+    /// and their positions.
+    fn fill(s: &mut BlobSpace, slabs: usize, len: usize) -> (usize, Vec<BlobPos>) {
+        let per = SLAB_BYTES / (HEADER + len);
+        let pos = (0..(slabs * per) as u32).map(|id| s.append(id, &blob(id, len)).unwrap());
+        (per, pos.collect())
+    }
+
     #[test]
     fn records_read_back_and_a_slab_with_nothing_live_goes_back() {
         let mut s = BlobSpace::default();
-        // Enough 3000-byte records for three slabs.
-        let per = SLAB_BYTES / (HEADER + 3000);
-        let pos: Vec<BlobPos> =
-            (0..3 * per as u32).map(|id| s.append(id, &blob(id, 3000)).unwrap()).collect();
+        let (per, pos) = fill(&mut s, 3, 3000);
         let open_written = (SLAB_BYTES - SLAB_BYTES % (HEADER + 3000)).next_multiple_of(PAGE_SIZE);
         assert_eq!(s.resident_bytes(), 2 * SLAB_BYTES + open_written, "the open one as written");
         for (id, &p) in pos.iter().enumerate() {
@@ -438,10 +443,7 @@ mod tests {
     #[test]
     fn past_the_spares_a_freed_slab_goes_back_to_the_os() {
         let mut s = BlobSpace::default();
-        let per = SLAB_BYTES / (HEADER + 3000);
-        let n = (SPARES + 4) * per;
-        let pos: Vec<BlobPos> =
-            (0..n as u32).map(|id| s.append(id, &blob(id, 3000)).unwrap()).collect();
+        let (_, pos) = fill(&mut s, SPARES + 4, 3000);
         pos.iter().for_each(|&p| s.free(p));
         assert_eq!((s.used_bytes(), s.spare.len()), (0, SPARES));
         assert_eq!(s.resident_bytes(), SPARES * SLAB_BYTES);
@@ -456,9 +458,7 @@ mod tests {
     #[test]
     fn relocating_the_live_records_of_a_sparse_slab_frees_it() {
         let mut s = BlobSpace::default();
-        let per = SLAB_BYTES / (HEADER + 1000);
-        let pos: Vec<BlobPos> =
-            (0..2 * per as u32).map(|id| s.append(id, &blob(id, 1000)).unwrap()).collect();
+        let (per, pos) = fill(&mut s, 2, 1000);
         // Keep every 8th record of the first slab.
         let mut live: Vec<(BlobPos, usize)> = Vec::new();
         for (i, &p) in pos.iter().enumerate() {
