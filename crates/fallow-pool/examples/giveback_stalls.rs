@@ -4,7 +4,9 @@
 //! runnable but waiting for one. A stall with neither was asleep: waiting for a lock (or
 //! for a lock holder the host had descheduled).
 //!
-//! `cargo run --release -p fallow-pool --example giveback_stalls -- [runs]` (default 5).
+//! `cargo run --release -p fallow-pool --example giveback_stalls -- [runs] [--control]`
+//! (default 5 runs). With `--control` the budget is left as it is: the same reader over
+//! the same windows, to tell the stalls the give-back causes from the machine's own.
 //! Linux only (it reads `/proc/thread-self/schedstat`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,6 +32,7 @@ type Stall = (i64, u64, u64, u64);
 
 fn main() {
     let runs: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(5);
+    let control = std::env::args().any(|a| a == "--control");
     let pages = (BIG / PAGE_SIZE) as u64;
     let key = |pool, i: u64| PageKey::new(pool, i / 1024, i % 1024);
     for run in 1..=runs {
@@ -70,7 +73,12 @@ fn main() {
             ready.wait();
             std::thread::sleep(Duration::from_millis(20));
             let shrink_start = Instant::now();
-            engine.set_budget(SMALL);
+            if control {
+                // As long as a give-back takes (~5 ms), with nothing given back.
+                std::thread::sleep(Duration::from_millis(5));
+            } else {
+                engine.set_budget(SMALL);
+            }
             let shrink_end = Instant::now();
             // The index sweep runs on after `set_budget` returns: watch it too.
             std::thread::sleep(Duration::from_millis(200));
@@ -91,7 +99,8 @@ fn main() {
             .map(|(t, d, cpu, wait)| (rel(t), d.as_micros() as u64, cpu / 1000, wait / 1000))
             .collect();
         println!(
-            "run {run}: the shrink took {} µs (the reader started {} µs before it); {} gets over 1 ms",
+            "run {run}{}: the shrink took {} µs (the reader started {} µs before it); {} gets over 1 ms",
+            if control { " (control: no shrink)" } else { "" },
             rel(shrink_end),
             rel(epoch).unsigned_abs(),
             stalls.len()
