@@ -15,7 +15,8 @@
 //!
 //! Here a new record is appended to the one open slab. Freeing a record only lowers its
 //! slab's live count; a slab with nothing live is let go at once (kept resident as one of
-//! [`SPARES`] for the next opens, or its memory returned with `MADV_DONTNEED`), and one
+//! [`SPARES`] for the next opens while other slabs are in use, or its memory returned with
+//! `MADV_DONTNEED`), and one
 //! with little live is *cleaned*: its live records are copied to the open slab and it is
 //! let go. The store charges the budget with every slab in use and every spare, holes
 //! included, so what the budget counts is what is resident. Cleaning keeps the holes
@@ -344,17 +345,29 @@ impl BlobSpace {
     }
 
     /// Takes slab `slab` out of use: kept resident as a spare if there are fewer than
-    /// [`SPARES`], else its memory goes back to the OS and it goes on the free list.
+    /// [`SPARES`] and other slabs are in use, else its memory goes back to the OS. The last
+    /// slab in use takes the spares with it: an engine whose compressed pages all went
+    /// keeps no memory for them.
     fn release(&mut self, slab: usize) {
         self.slabs[slab] = Slab::default();
         self.used_slabs -= 1;
         if self.open == Some(slab) {
             self.open = None;
         }
-        if self.spare.len() < SPARES {
+        if self.used_slabs > 0 && self.spare.len() < SPARES {
             self.spare.push(slab as u32);
             return;
         }
+        self.discard(slab);
+        if self.used_slabs == 0 {
+            while let Some(spare) = self.spare.pop() {
+                self.discard(spare as usize);
+            }
+        }
+    }
+
+    /// Gives free slab `slab`'s memory back to the OS and puts it on the free list.
+    fn discard(&mut self, slab: usize) {
         let (region, offset) = (slab / SLABS_PER_REGION, slab % SLABS_PER_REGION);
         // SAFETY: no reference into the slab outlives `&mut self`, and its records are
         // all dead: nothing reads these bytes again before they are written.
@@ -441,18 +454,23 @@ mod tests {
     }
 
     #[test]
-    fn past_the_spares_a_freed_slab_goes_back_to_the_os() {
+    fn past_the_spares_a_freed_slab_goes_back_to_the_os_and_the_last_takes_the_spares() {
         let mut s = BlobSpace::default();
-        let (_, pos) = fill(&mut s, SPARES + 4, 3000);
-        pos.iter().for_each(|&p| s.free(p));
-        assert_eq!((s.used_bytes(), s.spare.len()), (0, SPARES));
-        assert_eq!(s.resident_bytes(), SPARES * SLAB_BYTES);
-        assert_eq!(s.free.len(), SLABS_PER_REGION - SPARES);
-        s.validate(&[]);
+        let (per, pos) = fill(&mut s, SPARES + 4, 3000);
+        // All but the last slab's records go: spares first, then back to the OS.
+        pos[..(SPARES + 3) * per].iter().for_each(|&p| s.free(p));
+        assert_eq!((s.used_slabs, s.spare.len()), (1, SPARES));
+        assert_eq!(s.free.len(), SLABS_PER_REGION - SPARES - 1);
+        s.validate(&pos[(SPARES + 3) * per..].iter().map(|&p| (p, 3000)).collect::<Vec<_>>());
         // A discarded slab reads as zeros: its memory went back.
         let discarded = *s.free.last().unwrap() as usize;
         assert!(discarded < SPARES + 4, "a slab that was written");
         assert!(s.bytes(discarded).iter().all(|&b| b == 0), "slab {discarded} was not discarded");
+        // The last slab in use goes, and the spares with it.
+        pos[(SPARES + 3) * per..].iter().for_each(|&p| s.free(p));
+        assert_eq!((s.resident_bytes(), s.spare.len()), (0, 0));
+        assert_eq!(s.free.len(), SLABS_PER_REGION);
+        s.validate(&[]);
     }
 
     #[test]
