@@ -108,7 +108,7 @@ impl Blobs {
     }
 
     /// The records of slab `slab` that are still their content's: position, id.
-    fn live_records(&self, slab: usize) -> Vec<(super::blob_space::BlobPos, ContentId)> {
+    fn live_records(&self, slab: usize) -> Vec<(BlobPos, ContentId)> {
         let records = self.space.records(slab);
         records.into_iter().filter(|&(pos, id)| self.position(id) == Some(pos)).collect()
     }
