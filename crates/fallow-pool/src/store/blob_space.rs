@@ -196,18 +196,25 @@ impl BlobSpace {
         ((self.slabs[best].live as usize) < SLAB_BYTES / 16 * 15).then_some(best)
     }
 
-    /// The next slab in use after the hand, not the open one: a shrink visits them in
-    /// turn (the emptiest would be the same slab of persistent pages each time).
+    /// The next slab in use after the hand, the open one included: a shrink visits them
+    /// in turn (the emptiest would be the same slab of persistent pages each time).
     pub fn next_slab(&mut self) -> Option<usize> {
         let n = self.slabs.len();
         for _ in 0..n {
             let slab = self.hand % n;
             self.hand = (self.hand + 1) % n;
-            if self.slabs[slab].in_use && self.open != Some(slab) {
+            if self.slabs[slab].in_use {
                 return Some(slab);
             }
         }
         None
+    }
+
+    /// Gives the spare slabs' memory back (a shrink wants it before any page goes).
+    pub fn discard_spares(&mut self) {
+        while let Some(spare) = self.spare.pop() {
+            self.discard(spare as usize);
+        }
     }
 
     /// Slabs in use.
@@ -360,9 +367,7 @@ impl BlobSpace {
         }
         self.discard(slab);
         if self.used_slabs == 0 {
-            while let Some(spare) = self.spare.pop() {
-                self.discard(spare as usize);
-            }
+            self.discard_spares();
         }
     }
 

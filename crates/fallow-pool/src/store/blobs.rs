@@ -83,12 +83,17 @@ impl Blobs {
         cleaned
     }
 
-    /// The next slab in use (not the open one) and the contents whose records live in
-    /// it: dropping them, and moving the rest ([`Blobs::evacuate`]), gives the slab back.
+    /// The next slab in use (the open one too) and the contents whose records live in it:
+    /// dropping them, and moving the rest ([`Blobs::evacuate`]), gives the slab back.
     pub fn next_slab(&mut self) -> Option<(usize, Vec<ContentId>)> {
         let slab = self.space.next_slab()?;
         let ids = self.live_records(slab).into_iter().map(|(_, id)| id).collect();
         Some((slab, ids))
+    }
+
+    /// Gives the memory of the spare slabs back to the OS.
+    pub fn release_spares(&mut self) {
+        self.space.discard_spares();
     }
 
     /// Slabs in use.

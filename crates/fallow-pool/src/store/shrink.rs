@@ -107,7 +107,10 @@ impl Store {
         }
         // Fewer segments may still leave more frames in use than the limit allows.
         self.drop_unpinned_until(limit, report);
-        report.pinned_over_budget = self.arena.used().saturating_sub(limit);
+        // Persistent pages in frames and, compressed, in slabs: what no step can shed.
+        let blob_frames = self.blobs.resident_bytes().div_ceil(PAGE_SIZE);
+        report.pinned_over_budget =
+            (self.arena.used() + blob_frames).saturating_sub(self.budget_bytes / PAGE_SIZE);
         (extents, false)
     }
 
@@ -120,6 +123,10 @@ impl Store {
         let budget_frames = self.budget_bytes / PAGE_SIZE;
         let over =
             |s: &Store| s.blobs.resident_bytes() / PAGE_SIZE + s.arena.used() > budget_frames;
+        if over(self) {
+            // Free memory first: the spares hold no page.
+            self.blobs.release_spares();
+        }
         let mut dropped = 0;
         // One round of the slabs at most: what is left over the budget is persistent.
         let mut visits = self.blobs.slabs_in_use();
