@@ -120,7 +120,9 @@ struct ClusterGauges {
 struct EngineGauges {
     lent: Gauge,
     mapped: Gauge,
+    discarded: Gauge,
     used: Gauge,
+    compressed_space: Gauge,
     pages: Gauge,
     dedup_saved: Gauge,
     compression_saved: Gauge,
@@ -200,8 +202,12 @@ impl Metrics {
              "The lent budget"),
             ("mapped_bytes", engine.mapped,
              "Bytes mapped for page frames"),
+            ("discarded_bytes", engine.discarded,
+             "Of the mapped bytes, free frames whose memory went back to the OS"),
             ("used_bytes", engine.used,
              "Bytes of frames holding pages"),
+            ("compressed_space_bytes", engine.compressed_space,
+             "Memory holding compressed pages (their slabs, holes included), counted against the lent budget"),
             ("stored_pages", engine.pages,
              "Logical pages stored"),
             ("dedup_saved_bytes", engine.dedup_saved,
@@ -364,7 +370,9 @@ impl Metrics {
 
         set(&e.lent, stats.budget_bytes as u64);
         set(&e.mapped, stats.mapped_bytes as u64);
+        set(&e.discarded, stats.discarded_bytes as u64);
         set(&e.used, (stats.frames_used * fallow_core::PAGE_SIZE) as u64);
+        set(&e.compressed_space, stats.compressed_space_bytes as u64);
         set(&e.pages, stats.pages);
         set(&e.dedup_saved, stats.dedup_saved_bytes);
         set(&e.compression_saved, stats.compression_saved_bytes);

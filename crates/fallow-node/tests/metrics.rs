@@ -56,6 +56,8 @@ fn metrics_follow_the_traffic() {
     assert_eq!(value(&text, "fallow_eviction_small_share_percent"), 10.0, "the default start");
     assert_eq!(value(&text, "fallow_dedup_saved_bytes"), PAGE_SIZE as f64, "the zero page");
     assert!(value(&text, "fallow_used_bytes") >= (10 * PAGE_SIZE) as f64);
+    assert_eq!(value(&text, "fallow_compressed_space_bytes"), 0.0, "nothing compressed");
+    assert_eq!(value(&text, "fallow_discarded_bytes"), 0.0, "no frame given back");
     assert_eq!(value(&text, "fallow_connections"), 1.0);
     assert_eq!(value(&text, "fallow_clients"), 1.0);
     for name in
