@@ -127,10 +127,13 @@ fn table(node: &str, node_id: u128, stats: &NodeStats) -> String {
     }
     rows.push(("pages", format!("{} ({} same-filled)", v("pages"), v("fill_pages"))));
     rows.push(("dedup saved", human(v("dedup_saved_bytes"))));
-    rows.push((
-        "compression",
-        format!("{} saved on {} pages", human(v("compression_saved_bytes")), v("compressed_pages")),
-    ));
+    let mut compression =
+        format!("{} saved on {} pages", human(v("compression_saved_bytes")), v("compressed_pages"));
+    // Nodes before session 11 do not report the memory their compressed pages take.
+    if let Some(space) = stats.get("compressed_space_bytes").filter(|b| *b > 0) {
+        compression.push_str(&format!(", held in {}", human(space)));
+    }
+    rows.push(("compression", compression));
     let (hits, misses) = (v("hits"), v("misses"));
     let ratio = if hits + misses == 0 {
         "-".to_string()
@@ -228,6 +231,9 @@ mod tests {
                 entry("host_available_bytes", 2 << 30),
                 entry("psi_some_avg10_centi", 150),
                 entry("eviction_small_share_percent", 100),
+                entry("compressed_pages", 512),
+                entry("compression_saved_bytes", 1 << 20),
+                entry("compressed_space_bytes", 1 << 20),
             ],
         };
         let text = table("127.0.0.1:7400", 1, &stats);
@@ -235,5 +241,6 @@ mod tests {
         assert!(text.contains("eviction      small queue 100 % of the cache (LRU)"), "{text}");
         assert!(text.contains("1.0 GiB (auto"), "{text}");
         assert!(text.contains("PSI some avg10 1.50 %"), "{text}");
+        assert!(text.contains("1.0 MiB saved on 512 pages, held in 1.0 MiB"), "{text}");
     }
 }
