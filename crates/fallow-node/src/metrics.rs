@@ -455,6 +455,8 @@ mod tests {
             "# TYPE fallow_connections_accepted counter",
             "# HELP fallow_lent_bytes The lent budget.",
             "# TYPE fallow_lent_bytes gauge",
+            "# TYPE fallow_compressed_space_bytes gauge",
+            "# TYPE fallow_discarded_bytes gauge",
             "# TYPE fallow_host_memory_pressure_some_avg10 gauge",
             "fallow_host_memory_pressure_some_avg10 0.0",
             "# TYPE fallow_budget_grows gauge",
@@ -467,6 +469,6 @@ mod tests {
             assert!(text.lines().any(|l| l == line), "no line {line:?} in\n{text}");
         }
         // Every metric once, none lost or doubled (a new metric raises this count).
-        assert_eq!(text.matches("# TYPE ").count(), 36, "{text}");
+        assert_eq!(text.matches("# TYPE ").count(), 38, "{text}");
     }
 }
