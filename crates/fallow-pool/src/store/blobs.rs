@@ -61,11 +61,9 @@ impl Blobs {
     /// Takes content `id`'s blob away; its length, if it had one.
     pub fn remove(&mut self, id: ContentId) -> Option<usize> {
         let pos = self.position(id)?;
-        let len = self.space.get(pos).1.len();
         self.set_position(id, None);
-        self.space.free(pos);
         self.len -= 1;
-        Some(len)
+        Some(self.space.free(pos))
     }
 
     /// Moves the live records of sparse slabs together, at most `max_slabs` of them,
@@ -104,7 +102,6 @@ impl Blobs {
     /// Moves the records still live in slab `slab` to the open slab (another one, if
     /// `slab` is open), which lets `slab` go; false if no memory could be had for them.
     pub fn evacuate(&mut self, slab: usize) -> bool {
-        self.space.close(slab);
         for (pos, id) in self.live_records(slab) {
             let Some(new) = self.space.relocate(pos) else { return false };
             self.set_position(id, Some(new));
