@@ -68,6 +68,12 @@ pub struct SweepReport {
     pub entries_removed: usize,
     /// The longest hold of a shard's lock.
     pub longest_hold: Duration,
+    /// Steps that took the store's write lock (to release contents), every get's wait.
+    pub store_holds: usize,
+    /// Their time with the store's write lock held, in all.
+    pub store_held: Duration,
+    /// The longest of those holds.
+    pub longest_store_hold: Duration,
     /// The sweep's whole time.
     pub elapsed: Duration,
 }
@@ -160,6 +166,7 @@ impl Inner {
                     let slots: Vec<_> = stale.into_iter().map(|id| shard.remove(id)).collect();
                     let pools = self.pool_snapshot.load();
                     let mut store = self.store.write();
+                    let store_held = Instant::now();
                     for slot in &slots {
                         let state = crate::pools::find(&pools, slot.key.pool).ok();
                         if let Some(state) = state {
@@ -167,8 +174,12 @@ impl Inner {
                         }
                         self.release(&mut store, slot, state.map(|s| &s.counters));
                     }
+                    let store_hold = store_held.elapsed();
                     RwLockWriteGuard::unlock_fair(store);
                     report.entries_removed += slots.len();
+                    report.store_holds += 1;
+                    report.store_held += store_hold;
+                    report.longest_store_hold = report.longest_store_hold.max(store_hold);
                 }
                 MutexGuard::unlock_fair(shard);
                 let hold = held.elapsed();
