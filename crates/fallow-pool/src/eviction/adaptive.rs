@@ -43,8 +43,10 @@ pub(super) const SIM_PAGES: usize = 512;
 /// a simulated cache's worth, so an obvious winner takes over early while later decisions
 /// rest on a whole turnover of the cache.
 pub(super) const MIN_EPOCH: usize = 64;
-/// Weight of the past when scoring: a score is ≈ the misses of the last ten epochs.
-const DECAY: f64 = 0.99;
+/// Weight of the past when scoring: a score is ≈ the misses of the last hundred epochs
+/// (more epochs than most traces last: the scores are nearly cumulative, and forget only
+/// in an engine that runs for long).
+pub(super) const DECAY: f64 = 0.99;
 /// A challenger leads only if its simulated miss ratio (decayed like the scores) is this
 /// much below the leader's, doubled for every earlier change of leader: near-ties never
 /// make the leader flap, and a workload that keeps changing its mind stops moving it.
@@ -126,6 +128,11 @@ impl MiniSim {
     pub(super) fn end_epoch(&mut self) {
         self.score = self.score * DECAY + self.epoch_misses as f64;
         self.epoch_misses = 0;
+    }
+
+    /// Misses in the epoch under way (folded into the score by `end_epoch`).
+    pub(super) fn epoch_misses(&self) -> u64 {
+        self.epoch_misses
     }
 
     /// Decayed misses so far (lower is better).

@@ -8,7 +8,8 @@
 //!                        │ front, fewer ─► evicted, into the ghost    ┘ freq -= 1; else evicted
 //!
 //!  sampled accesses ─► minisims[1 %, 10 %, 100 %] (own pages, capacity × rate)
-//!                       └─ every epoch: the live small share := that of the fewest misses
+//!                       └─ every epoch: the live small share := that of a simulation
+//!                          whose lead in misses is consistent (`share_chooser.rs`)
 //! ```
 //!
 //! The algorithm is [`super::S3Fifo`]'s (Yang et al., SOSP'23: a small probationary queue
@@ -24,12 +25,14 @@
 //!   the authors of "Adaptive Software Cache Management", Middleware'18):
 //!   three simulated caches of at most 512 pages run this policy with a fixed
 //!   share of 1 %, 10 % (the paper's) and 100 % (LRU), one decade apart, on a hash-sampled
-//!   share of the accesses; at the end of every epoch the live share becomes that of the
-//!   simulation with the fewest (decayed) misses. The live policy starts at 10 %. Changing
-//!   the share reshapes nothing at once: the queues drift to their new targets as pages
-//!   leave, so unlike `adaptive`'s change of expert there is no turnover to pay and no
-//!   margin is needed against flapping. One set of simulations serves every shard of an
-//!   engine (`share_chooser.rs`).
+//!   share of the accesses; at the end of every epoch the live share moves to a simulation
+//!   that has missed less than it, once that lead is consistent over the epochs rather than
+//!   won in one burst (`share_chooser.rs`, "When the live share follows"). The live policy
+//!   starts at 10 %. Changing the share reshapes nothing at once: the queues drift to
+//!   their new targets as pages leave. That drift is cheaper than `adaptive`'s change of
+//!   expert but not free (a cache that was LRU enters 1 % with an empty main queue), which
+//!   is why a lead must be consistent before it is followed. One set of simulations serves
+//!   every shard of an engine (`share_chooser.rs`).
 //! * **The ghost is a filter.** As in the paper, it remembers the pages that left the small
 //!   queue without being promoted, `0.9 × capacity` of them, and a page inserted again
 //!   while remembered goes straight to main. The policy keeps no hash per page (that
