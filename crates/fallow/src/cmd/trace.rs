@@ -15,7 +15,9 @@ pub enum TraceCommand {
     /// Replay one trace through an ephemeral pool of N pages and print its miss ratio.
     ///
     /// Every access is a get; a miss is followed by a put (write-allocate). A block
-    /// request is one access to every 4 KiB page it overlaps.
+    /// request is one access to every 4 KiB page it overlaps. The default policy's
+    /// simulations sample keys by hash; FALLOW_SIM_SEED=N samples others, to see how much
+    /// a result depends on the sample.
     Replay {
         #[command(flatten)]
         input: TraceInput,
