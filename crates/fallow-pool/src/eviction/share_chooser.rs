@@ -184,7 +184,7 @@ impl ShareChooser {
         s.sims.iter_mut().for_each(MiniSim::end_epoch);
         s.epoch_len = (s.epoch_len * 2).min(s.max_epoch_len);
         let choice = self.choice();
-        let scores: Vec<f64> = s.sims.iter().map(MiniSim::score).collect();
+        let scores: [f64; SHARES.len()] = std::array::from_fn(|i| s.sims[i].score());
         if let Some(next) = consistent_leader(&scores, &s.lead_spread, s.rate, choice) {
             self.choice.store(next, Ordering::Relaxed);
         }
