@@ -27,6 +27,7 @@ the policy over several seeds, not one. `--check` then bounds the worst seed.
 """
 
 import argparse
+import collections
 import json
 import os
 import re
@@ -37,6 +38,9 @@ from pathlib import Path
 
 # Read by fallow's share chooser (crates/fallow-pool/src/eviction/share_chooser.rs).
 SEED_VAR = "FALLOW_SIM_SEED"
+# Issue #2's criteria for one sample seed (see `criteria`).
+Criteria = collections.namedtuple(
+    "Criteria", "worse_than_lru over_lru mean_rel n_rel far_from_best over_best")
 ONLINE = ["LRU", "ARC", "LIRS", "2Q", "S3-FIFO", "SIEVE", "W-TinyLFU"]
 # Format samples, "too short to rank policies" (traces README): in the table and in
 # criteria 1 and 3, but not in the mean of criterion 2.
@@ -111,7 +115,7 @@ def main():
     ap.add_argument("--min-mean-reduction", type=float, default=0.10,
                     help="bound for criterion 2 (default: the goal, 0.10)")
     ap.add_argument("--only", nargs="*", help="reference trace names to run")
-    ap.add_argument("--sim-seeds", default=None,
+    ap.add_argument("--sim-seeds", default=None, type=seed_list,
                     help="comma-separated sample seeds for the default policy's simulations "
                          "(FALLOW_SIM_SEED); criteria are printed for each")
     opts = ap.parse_args()
@@ -126,7 +130,7 @@ def main():
     default = opts.default or policies[-1]
     names = [n for n in TRACES if n in ref and (not opts.only or n in opts.only)]
 
-    seeds = [int(x) for x in opts.sim_seeds.split(",")] if opts.sim_seeds else [None]
+    seeds = opts.sim_seeds or [None]
 
     print(f"| trace | pages | ref LRU | ref best online | " +
           " | ".join(f"ours {p}" for p in policies) + f" | {default} − ref best |")
@@ -159,41 +163,39 @@ def main():
     for seed in seeds:
         if seed is not None:
             print(f"sample seed {seed}:")
-        result = criteria(rows, by_seed[seed])
-        results.append(result)
-        worse_than_lru, over_lru, mean_rel, n_rel, far_from_best, over_best = result
-        print(f"1. rows worse than our LRU by more than 0.005: {len(worse_than_lru)} "
-              + ("(pass)" if not worse_than_lru else f"(goal not met) {worse_than_lru}")
-              + f"; worst {over_lru:+.3f}")
-        print(f"2. mean relative reduction vs our LRU over {n_rel} ranking rows: "
-              + f"{mean_rel * 100:.1f} % " + ("(pass, ≥ 10 %)" if mean_rel >= 0.10 else "(goal not met)"))
-        print(f"3. rows more than 0.02 above the best online reference: {len(far_from_best)} "
-              + ("(pass)" if not far_from_best else f"(goal not met) {far_from_best}")
-              + f"; worst {over_best:+.3f}")
-        if over_lru > opts.max_over_lru:
-            broken.append(f"seed {seed}: worst row is {over_lru:+.3f} over LRU (bound {opts.max_over_lru})")
-        if over_best > opts.max_over_best:
-            broken.append(f"seed {seed}: worst row is {over_best:+.3f} over the best (bound {opts.max_over_best})")
-        if mean_rel < opts.min_mean_reduction:
-            broken.append(f"seed {seed}: mean reduction {mean_rel:.3f} (bound {opts.min_mean_reduction})")
+        r = criteria(rows, by_seed[seed])
+        results.append(r)
+        print(f"1. rows worse than our LRU by more than 0.005: {len(r.worse_than_lru)} "
+              + ("(pass)" if not r.worse_than_lru else f"(goal not met) {r.worse_than_lru}")
+              + f"; worst {r.over_lru:+.3f}")
+        print(f"2. mean relative reduction vs our LRU over {r.n_rel} ranking rows: "
+              + f"{r.mean_rel * 100:.1f} % " + ("(pass, ≥ 10 %)" if r.mean_rel >= 0.10 else "(goal not met)"))
+        print(f"3. rows more than 0.02 above the best online reference: {len(r.far_from_best)} "
+              + ("(pass)" if not r.far_from_best else f"(goal not met) {r.far_from_best}")
+              + f"; worst {r.over_best:+.3f}")
+        if r.over_lru > opts.max_over_lru:
+            broken.append(f"seed {seed}: worst row is {r.over_lru:+.3f} over LRU (bound {opts.max_over_lru})")
+        if r.over_best > opts.max_over_best:
+            broken.append(f"seed {seed}: worst row is {r.over_best:+.3f} over the best (bound {opts.max_over_best})")
+        if r.mean_rel < opts.min_mean_reduction:
+            broken.append(f"seed {seed}: mean reduction {r.mean_rel:.3f} (bound {opts.min_mean_reduction})")
     if len(seeds) > 1:
         def span(values, fmt):
             return f"{fmt(min(values))}–{fmt(max(values))}"
-        print(f"over seeds {opts.sim_seeds}: criterion 1 fails on "
-              + span([len(r[0]) for r in results], str) + " rows (worst "
-              + span([r[1] for r in results], lambda v: f"{v:+.3f}") + "), mean reduction "
-              + span([r[2] * 100 for r in results], lambda v: f"{v:.1f}") + " %, criterion 3 fails on "
-              + span([len(r[4]) for r in results], str) + " rows (worst "
-              + span([r[5] for r in results], lambda v: f"{v:+.3f}") + ")")
+        print(f"over seeds {','.join(map(str, seeds))}: criterion 1 fails on "
+              + span([len(r.worse_than_lru) for r in results], str) + " rows (worst "
+              + span([r.over_lru for r in results], lambda v: f"{v:+.3f}") + "), mean reduction "
+              + span([r.mean_rel * 100 for r in results], lambda v: f"{v:.1f}") + " %, criterion 3 fails on "
+              + span([len(r.far_from_best) for r in results], str) + " rows (worst "
+              + span([r.over_best for r in results], lambda v: f"{v:+.3f}") + ")")
     if opts.check:
         print("check: " + ("; ".join(broken) if broken else "within bounds"))
     return 1 if (broken and opts.check) else 0
 
 
 def criteria(rows, default_ratio):
-    """Issue #2's three criteria for the default's miss ratios `default_ratio` on `rows`
-    of (trace, size, our LRU, best reference): rows over LRU, worst excess, mean
-    reduction, rows in it, rows far from the best, worst gap."""
+    """Issue #2's three criteria (a `Criteria`) for the default's miss ratios
+    `default_ratio` on `rows` of (trace, size, our LRU, best reference)."""
     worse_than_lru, far_from_best, rel = [], [], []
     over_lru, over_best = float("-inf"), float("-inf")
     for name, size, lru, best in rows:
@@ -208,7 +210,18 @@ def criteria(rows, default_ratio):
         over_lru = max(over_lru, d - lru)
         over_best = max(over_best, gap)
     mean_rel = sum(rel) / len(rel) if rel else 0.0
-    return worse_than_lru, over_lru, mean_rel, len(rel), far_from_best, over_best
+    return Criteria(worse_than_lru, over_lru, mean_rel, len(rel), far_from_best, over_best)
+
+
+def seed_list(text):
+    """`--sim-seeds`: comma-separated non-negative integers."""
+    try:
+        seeds = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}")
+    if not seeds or any(seed < 0 for seed in seeds):
+        raise argparse.ArgumentTypeError(f"seeds must be integers ≥ 0: {text!r}")
+    return seeds
 
 
 if __name__ == "__main__":

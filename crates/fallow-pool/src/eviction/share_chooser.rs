@@ -236,14 +236,18 @@ fn sample_seed() -> u64 {
     match std::env::var(SEED_VAR) {
         Err(_) => 0,
         Ok(v) => match v.trim().parse::<u64>() {
-            // Spread the seed over all 64 bits, so that seeds 1, 2, 3 differ everywhere.
-            Ok(seed) => seed.wrapping_mul(0xa076_1d64_78bd_642f),
+            Ok(seed) => spread_seed(seed),
             Err(_) => {
                 tracing::warn!("{SEED_VAR}={v:?} is not an integer; sampling with seed 0");
                 0
             }
         },
     }
+}
+
+/// Seed `seed` spread over all 64 bits, so that seeds 1, 2, 3 differ everywhere.
+fn spread_seed(seed: u64) -> u64 {
+    seed.wrapping_mul(0xa076_1d64_78bd_642f)
 }
 
 #[cfg(test)]
@@ -319,7 +323,7 @@ mod tests {
         let sample =
             |c: &ShareChooser| -> Vec<bool> { hashes.iter().map(|&h| c.sampled(h)).collect() };
         let unseeded = sample(&chooser);
-        chooser.seed = 7u64.wrapping_mul(0xa076_1d64_78bd_642f);
+        chooser.seed = spread_seed(7);
         let seeded = sample(&chooser);
         let count = |v: &[bool]| v.iter().filter(|&&b| b).count();
         for n in [count(&unseeded), count(&seeded)] {
