@@ -8,7 +8,7 @@ mod support;
 use std::time::Duration;
 
 use fallow_client::{Client, ClusterClient, ClusterClientConfig};
-use fallow_core::content::{checksum, content_hash, hash_key};
+use fallow_core::content::{checksum, content_hash, page_dedup_key};
 use fallow_core::{
     DedupScope, HashPutOutcome, PageKey, PoolSpec, PutOutcome, TrustDomain, PAGE_SIZE,
 };
@@ -22,6 +22,11 @@ const DOMAIN: DedupScope = DedupScope::Domain(TrustDomain(0x5eed));
 
 fn digests(data: &[u8]) -> Vec<(u128, u32)> {
     data.chunks_exact(PAGE_SIZE).map(|p| (content_hash(p, DOMAIN).unwrap(), checksum(p))).collect()
+}
+
+/// A page's key in a node's summary, from its digest.
+fn summary_key(&(_, crc): &(u128, u32)) -> u64 {
+    page_dedup_key(crc, DOMAIN).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -41,7 +46,7 @@ async fn a_node_serves_its_summary_and_stores_pages_by_hash() {
     let summary = client.content_summary().await.unwrap();
     assert_eq!(summary.entries(), n);
     let contents = digests(&data);
-    assert!(contents.iter().all(|(hash, _)| summary.contains(hash_key(*hash))));
+    assert!(contents.iter().all(|d| summary.contains(summary_key(d))));
 
     // A clone in another pool of the domain: every page by hash, no new frame.
     let frames = node.node.engine().memory().frames_used;
@@ -85,7 +90,7 @@ async fn a_summary_comes_in_pieces_sized_as_the_node_is_told() {
     assert_eq!(filter.entries(), n);
     assert!(filter.len_bytes() > 5 * 1024, "{filter:?}");
     assert_eq!(filter.hashes(), 16, "28.8 bits per entry would take 20 probes; 16 is the cap");
-    assert!(digests(&data).iter().all(|(hash, _)| filter.contains(hash_key(*hash))));
+    assert!(digests(&data).iter().all(|d| filter.contains(summary_key(d))));
     assert!(filter.false_positive_rate() < 2e-6, "{}", filter.false_positive_rate());
 
     // A size cap wins over the rate.

@@ -16,7 +16,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 
 use arc_swap::{ArcSwap, Guard};
-use fallow_core::{PoolId, PoolKind, PoolSpec, Sharing, StoreError};
+use fallow_core::{DedupScope, PoolId, PoolKind, PoolSpec, Sharing, StoreError, TrustDomain};
+
+use crate::content::domain_mask;
 
 /// One pool counter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,6 +146,12 @@ pub(crate) fn find(pools: &PoolMap, id: PoolId) -> Result<&PoolState, StoreError
 pub struct PoolState {
     /// The spec it was created with.
     pub spec: PoolSpec,
+    /// How its pages are deduplicated: the spec's scope, or `Off` when its domain's
+    /// checksum mask is another domain's too ([`PoolTable::create`]).
+    pub dedup: DedupScope,
+    /// Its domain's checksum mask ([`domain_mask`] of `dedup`): what its pages' checksums
+    /// are stored XORed with.
+    pub mask: u32,
     /// Cleared when the pool is destroyed; checked under the shard lock before a put
     /// inserts, so no page can land in a pool after its last sweep.
     pub alive: AtomicBool,
@@ -170,6 +178,9 @@ pub struct PoolTable {
     pools: HashMap<PoolId, Entry>,
     by_uuid: HashMap<u128, PoolId>,
     next_id: u32,
+    /// The trust domain of every checksum mask a pool has used, kept for the engine's
+    /// life (a domain's pages may outlive its pools until they are swept).
+    masks: HashMap<u32, TrustDomain>,
 }
 
 impl PoolTable {
@@ -209,8 +220,11 @@ impl PoolTable {
         }
         let id = PoolId(self.next_id);
         self.next_id = self.next_id.checked_add(1).ok_or(StoreError::TooManyPools)?;
+        let dedup = self.dedup_scope(spec.dedup);
         let state = Arc::new(PoolState {
             spec: *spec,
+            dedup,
+            mask: domain_mask(dedup),
             alive: AtomicBool::new(true),
             counters: PoolCounters::default(),
         });
@@ -219,6 +233,28 @@ impl PoolTable {
             self.by_uuid.insert(uuid, id);
         }
         Ok(id)
+    }
+
+    /// The scope a new pool with `scope` dedups in. Pages of two domains are kept apart by
+    /// their checksum masks (`fallow_core::content::stored_checksum`); two domains whose
+    /// 32-bit masks are equal (a chance of 2⁻³² for a pair) could share pages, so the
+    /// second domain's pools do not dedup on this engine. Their pages are stored and read
+    /// as usual.
+    fn dedup_scope(&mut self, scope: DedupScope) -> DedupScope {
+        let DedupScope::Domain(domain) = scope else { return scope };
+        let first = *self.masks.entry(domain_mask(scope)).or_insert(domain);
+        if first == domain {
+            return scope;
+        }
+        tracing::warn!(
+            domain = domain.0,
+            other = first.0,
+            "trust domain {} has the checksum mask of domain {} on this engine: its pools \
+             do not deduplicate here",
+            domain.0,
+            first.0
+        );
+        DedupScope::Off
     }
 
     /// Detaches one user. Returns the pool's state when this was the last user: the pool
@@ -276,5 +312,35 @@ mod tests {
         assert!(find(&snapshot.load(), id).is_err(), "gone after the next publish");
         // A snapshot loaded before still has it (an operation in flight finishes with it).
         assert!(!find(&pinned, id).unwrap().alive.load(Relaxed), "but marked dead");
+    }
+
+    /// Two domains whose 32-bit checksum masks are equal, found by a birthday search.
+    fn colliding_domains() -> (TrustDomain, TrustDomain) {
+        let mut seen = HashMap::new();
+        (0u64..)
+            .find_map(|d| {
+                let mask = domain_mask(DedupScope::Domain(TrustDomain(d)));
+                seen.insert(mask, d).map(|first| (TrustDomain(first), TrustDomain(d)))
+            })
+            .expect("a collision within 2^32 domains")
+    }
+
+    #[test]
+    fn a_domain_whose_mask_another_domain_has_does_not_dedup() {
+        let (first, second) = colliding_domains();
+        let mut table = PoolTable::default();
+        let spec = |domain| PoolSpec { dedup: DedupScope::Domain(domain), ..PoolSpec::ephemeral() };
+        let mut create = |domain| {
+            let id = table.create(&spec(domain)).unwrap();
+            table.get(id).unwrap()
+        };
+        let a = create(first);
+        let b = create(second);
+        let again = create(first);
+        assert_eq!(a.dedup, DedupScope::Domain(first));
+        assert_eq!(again.dedup, DedupScope::Domain(first), "the first domain keeps its dedup");
+        assert_eq!(b.dedup, DedupScope::Off);
+        assert_eq!((a.mask, b.mask), (domain_mask(a.dedup), 0));
+        assert_eq!(b.spec.dedup, DedupScope::Domain(second), "the spec is as asked");
     }
 }

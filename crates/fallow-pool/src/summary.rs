@@ -1,6 +1,7 @@
-//! The engine's content summary: a Bloom filter of the hashes of every page it holds in a
-//! dedup pool, which a node hands to clients (CONTENT_SUMMARY) so that they can send a
-//! hash instead of a page the engine already holds (`Engine::put_many_by_hash`).
+//! The engine's content summary: a Bloom filter of the dedup keys of every page it holds
+//! in a dedup pool (`fallow_core::content::dedup_key`: the stored checksum, masked by the
+//! page's trust domain), which a node hands to clients (CONTENT_SUMMARY) so that they can
+//! send a hash instead of a page the engine already holds (`Engine::put_many_by_hash`).
 
 use fallow_core::content::ContentFilter;
 
@@ -11,7 +12,7 @@ use crate::engine::Engine;
 const SLOTS_PER_STEP: usize = 16 * 1024;
 
 impl Engine {
-    /// Builds a filter of the content hashes held now, sized for the number of stored
+    /// Builds a filter of the dedup keys of the contents held now, sized for the number of stored
     /// contents at `false_positive_rate`, at most `max_bytes`. Walks the content table in
     /// steps, releasing the store lock between them: a page stored meanwhile may be
     /// missing from the filter and one released meanwhile may linger, both harmless (a
@@ -25,7 +26,7 @@ impl Engine {
         let mut next = Some(0);
         while let Some(from) = next {
             let store = self.inner().store.read();
-            next = store.visit_hashes(from, SLOTS_PER_STEP, &mut |hash| filter.insert(hash));
+            next = store.visit_dedup_keys(from, SLOTS_PER_STEP, &mut |key| filter.insert(key));
         }
         filter
     }
@@ -33,7 +34,7 @@ impl Engine {
 
 #[cfg(test)]
 mod tests {
-    use fallow_core::content::{checksum, content_hash, hash_key};
+    use fallow_core::content::{checksum, content_hash, page_dedup_key};
     use fallow_core::{
         DedupScope, HashPutOutcome, Lookup, NotStored, PageKey, PageStore, PoolSpec, PutOutcome,
         TrustDomain, PAGE_SIZE,
@@ -73,8 +74,12 @@ mod tests {
         // A rate of 10⁻⁶, so that the page of the plain pool cannot be a false positive.
         let filter = engine.content_filter(1e-6, 1 << 20);
         assert_eq!(filter.entries(), 50);
-        assert!((1..=50u8).all(|i| filter.contains(hash_key(digest(&page(i)).0))));
-        assert!(!filter.contains(hash_key(digest(&page(99)).0)));
+        let key = |i: u8| page_dedup_key(checksum(&page(i)), DOMAIN).unwrap();
+        assert!((1..=50u8).all(|i| filter.contains(key(i))));
+        assert!(!filter.contains(key(99)));
+        let other = DedupScope::Domain(TrustDomain(6));
+        let theirs = page_dedup_key(checksum(&page(1)), other).unwrap();
+        assert!(!filter.contains(theirs), "a page is held for its own domain only");
         // Gone pages leave the next filter.
         engine.invalidate_object(dedup, 1).unwrap();
         assert_eq!(engine.content_filter(0.01, 1 << 20).entries(), 0);

@@ -27,8 +27,12 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use fallow_core::content::{checksum, content_hash, fill_word, hash_key, ContentFilter};
-use fallow_core::{DedupScope, HashPutOutcome, NotStored, PageKey, PutOutcome, PAGE_SIZE};
+use fallow_core::content::{
+    checksum, domain_content_hash, fill_word, page_dedup_key, ContentFilter,
+};
+use fallow_core::{
+    DedupScope, HashPutOutcome, NotStored, PageKey, PutOutcome, TrustDomain, PAGE_SIZE,
+};
 use tokio_util::sync::CancellationToken;
 
 use super::client::Inner;
@@ -165,13 +169,11 @@ impl Inner {
         digests: &[Option<Digest>],
     ) -> Result<Vec<PutOutcome>, ClientError> {
         let filter = link.content.lock().clone();
-        // Positions the node probably holds, with their content hashes.
-        let held: Vec<(usize, u128)> = digests
+        // Positions the node probably holds, with their digests.
+        let held: Vec<(usize, Digest)> = digests
             .iter()
             .enumerate()
-            .filter_map(|(i, d)| {
-                d.filter(|&hash| filter.contains(hash_key(hash))).map(|hash| (i, hash))
-            })
+            .filter_map(|(i, d)| d.filter(|d| filter.contains(d.key)).map(|d| (i, d)))
             .collect();
         // A key repeated in the batch must end with its last page: the two requests
         // below could reorder it, so such a batch goes whole.
@@ -181,8 +183,9 @@ impl Inner {
         let by_hash: Vec<usize> = held.iter().map(|&(i, _)| i).collect();
         let hash_keys: Vec<PageKey> = by_hash.iter().map(|&i| keys[i]).collect();
         let page = |i: usize| &pages[i * PAGE_SIZE..(i + 1) * PAGE_SIZE];
+        // The content hash, which only a page sent by hash needs.
         let contents: Vec<(u128, u32)> =
-            held.iter().map(|&(i, hash)| (hash, checksum(page(i)))).collect();
+            held.iter().map(|&(i, d)| (d.content_hash(page(i)), d.crc)).collect();
         let mut sent_whole = vec![true; keys.len()];
         by_hash.iter().for_each(|&i| sent_whole[i] = false);
         let rest: Vec<usize> = (0..keys.len()).filter(|&i| sent_whole[i]).collect();
@@ -213,16 +216,34 @@ impl Inner {
     }
 }
 
-/// A page's content hash (`fallow_core::content::content_hash`).
-pub(crate) type Digest = u128;
+/// What a client computes of a page to ask a node's summary whether the node holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Digest {
+    /// The page's CRC-32C.
+    crc: u32,
+    /// Its key in a node's summary (`fallow_core::content::page_dedup_key`).
+    key: u64,
+    /// Its pool's trust domain.
+    domain: TrustDomain,
+}
 
-/// The content hash of a page that a node could hold as a shared content: not a fill
-/// page (nodes keep those without a frame, never hashed), in a pool that dedups.
+impl Digest {
+    /// The page's content hash (`fallow_core::content::content_hash`), for a put by hash.
+    fn content_hash(&self, page: &[u8]) -> u128 {
+        domain_content_hash(page, self.domain)
+    }
+}
+
+/// The digest of a page that a node could hold as a shared content: not a fill page
+/// (nodes keep those without a frame, never in a summary), in a pool that dedups.
 fn digest(page: &[u8], scope: DedupScope) -> Option<Digest> {
+    let DedupScope::Domain(domain) = scope else { return None };
     if fill_word(page).is_some() {
         return None;
     }
-    content_hash(page, scope)
+    let crc = checksum(page);
+    let key = page_dedup_key(crc, scope)?;
+    Some(Digest { crc, key, domain })
 }
 
 /// Where a private page goes, given its rendezvous owners (one for an ephemeral page, two
@@ -235,9 +256,9 @@ pub(crate) fn prefer_holders(
     owners: [Option<Slot>; 2],
     digest: Option<Digest>,
 ) -> [Option<Slot>; 2] {
-    let Some(hash) = digest else { return owners };
+    let Some(digest) = digest else { return owners };
     let holds = |slot: Slot| {
-        view.node(slot).is_some_and(|n| n.link.content.lock().contains(hash_key(hash)))
+        view.node(slot).is_some_and(|n| n.link.content.lock().contains(digest.key))
     };
     let wanted = owners.iter().filter(|o| o.is_some()).count();
     let owners = owners.into_iter().flatten();
@@ -289,8 +310,12 @@ mod tests {
         let scope = DedupScope::Domain(TrustDomain(3));
         let mut page = vec![7u8; PAGE_SIZE];
         page[0] = 8;
-        let hash = content_hash(&page, scope).unwrap();
-        assert_eq!(digest(&page, scope), Some(hash));
+        let crc = checksum(&page);
+        let key = page_dedup_key(crc, scope).unwrap();
+        let d = digest(&page, scope).unwrap();
+        assert_eq!(d, Digest { crc, key, domain: TrustDomain(3) });
+        let hash = fallow_core::content::content_hash(&page, scope).unwrap();
+        assert_eq!(d.content_hash(&page), hash);
         assert_eq!(digest(&page, DedupScope::Off), None);
         assert_eq!(digest(&vec![0; PAGE_SIZE], scope), None);
     }

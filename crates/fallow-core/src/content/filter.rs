@@ -1,13 +1,12 @@
-//! A Bloom filter over content hashes: a node's summary of the pages it holds, fetched by
+//! A Bloom filter over stored pages: a node's summary of the pages it holds, fetched by
 //! clients (CONTENT_SUMMARY) so that they send a page's hash instead of its bytes when the
 //! node probably holds it already.
 //!
-//! The items are hash keys ([`super::hash_key`]: the low 32 bits of a content hash, what a
-//! node keeps of it, spread over 64 bits), already uniform, so nothing is hashed again:
-//! the i-th probe of key
-//! `k` is bit `(lo + i × hi) mod m` (Kirsch and Mitzenmacher's double hashing), where
-//! `lo = k`, `hi` is `k` rotated by 32 bits with its lowest bit set, and `m` the filter's
-//! size in bits. Bit `b` is bit `b mod 8` (least significant first) of byte `b / 8`.
+//! The items are dedup keys ([`super::dedup_key`]: a page's stored checksum, its CRC-32C
+//! masked by its trust domain, spread over 64 bits), already uniform, so nothing is hashed
+//! again: the i-th probe of key `k` is bit `(lo + i × hi) mod m` (Kirsch and
+//! Mitzenmacher's double hashing), where `lo = k`, `hi` is `k` rotated by 32 bits with its
+//! lowest bit set, and `m` the filter's size in bits. Bit `b` is bit `b mod 8` (least significant first) of byte `b / 8`.
 //! `docs/protocol.md` gives the same rule for other implementations.
 //!
 //! A false positive costs one extra round trip (the node answers "not held" and the client
@@ -94,7 +93,7 @@ impl ContentFilter {
         (0..self.hashes as u64).map(move |i| (lo.wrapping_add(i.wrapping_mul(hi)) % bits) as usize)
     }
 
-    /// Adds a content hash by its key ([`super::hash_key`]). Does nothing on the empty
+    /// Adds a page by its dedup key ([`super::dedup_key`]). Does nothing on the empty
     /// filter.
     pub fn insert(&mut self, key: u64) {
         if self.words.is_empty() {
@@ -236,7 +235,7 @@ mod tests {
         // The tag is the low 32 bits, 5; its key 0xb6bf613dbebb45dc, so lo mod 128 = 92 and
         // hi = key rotated by 32, | 1, mod 128 = 61; m = 128 divides 2⁶⁴, so bit i is
         // (92 + 61 i) mod 128: bits 92, 25, 86.
-        f.insert(super::super::hash_key(7u128 << 64 | 3 << 32 | 5));
+        f.insert(super::super::dedup_key(5));
         assert_eq!(f.bytes(0, 16), [0, 0, 0, 0x02, 0, 0, 0, 0, 0, 0, 0x40, 0x10, 0, 0, 0, 0]);
     }
 }

@@ -1,14 +1,16 @@
 //! What a page's bytes are, as every part of fallow computes it: a fill pattern (a page
-//! that needs no frame), a 128-bit content hash (for dedup, on a node and across nodes)
-//! and a checksum (for integrity). Clients compute the same hash as the engine, so a
-//! client can tell a node "you already hold this content" ([`ContentFilter`], the PUT_HASHES
-//! request of `docs/protocol.md`) instead of sending the page.
+//! that needs no frame), a 128-bit content hash (what a client sends in place of a page a
+//! node already holds) and a checksum (for integrity, and, masked by the page's trust
+//! domain, what a node finds duplicates by: [`stored_checksum`]). Clients compute the same
+//! values as the engine, so a client can tell a node "you already hold this content"
+//! ([`ContentFilter`], the PUT_HASHES request of `docs/protocol.md`) instead of sending the
+//! page.
 
 mod filter;
 
 pub use filter::{ContentFilter, FilterError, MAX_FILTER_HASHES};
 
-use crate::{DedupScope, PAGE_SIZE};
+use crate::{DedupScope, TrustDomain, PAGE_SIZE};
 
 /// A page whose every 8-byte word is the same costs no frame: the word is kept in the
 /// index entry (zero-filled pages are the common case, as in zswap's same-filled pages).
@@ -38,34 +40,62 @@ pub fn write_fill(word: u64, out: &mut [u8]) {
 /// PUT_HASHES request carries it), so it never changes within a protocol version.
 pub fn content_hash(page: &[u8], scope: DedupScope) -> Option<u128> {
     match scope {
-        // twox-hash picks AVX2 at run time where the CPU has it: about twice as fast on a
-        // page as an SSE2 build, and the same value (the test vector below).
-        DedupScope::Domain(domain) => {
-            Some(twox_hash::XxHash3_128::oneshot_with_seed(domain.0, page))
-        }
+        DedupScope::Domain(domain) => Some(domain_content_hash(page, domain)),
         DedupScope::Off => None,
     }
 }
 
-/// What a node keeps of a content hash: its low 32 bits, the *tag*. A node finds a
-/// stored page that may have the same content by its tag, then compares the bytes (a put
-/// with its bytes) or recomputes the stored page's full hash (a put by hash), so a tag
-/// collision never shares different pages; keeping 4 bytes of the hash instead of 16
-/// keeps the per-page metadata small.
-pub fn hash_tag(hash: u128) -> u32 {
-    hash as u32
+/// [`content_hash`] in a trust domain.
+pub fn domain_content_hash(page: &[u8], domain: TrustDomain) -> u128 {
+    // twox-hash picks AVX2 at run time where the CPU has it: about twice as fast on a page
+    // as an SSE2 build, and the same value (the test vector below).
+    twox_hash::XxHash3_128::oneshot_with_seed(domain.0, page)
 }
 
-/// The 64-bit key of a content hash, in a node's dedup table and in its content summary:
-/// its tag ([`hash_tag`]) spread over 64 bits ([`tag_key`]).
-pub fn hash_key(hash: u128) -> u64 {
-    tag_key(hash_tag(hash))
+/// What a node stores beside a page in place of its checksum: the page's CRC-32C
+/// ([`checksum`]) XORed with a mask drawn from its trust domain ([`domain_mask`]). The
+/// stored checksum is also what a node finds a page's duplicates by (its key in the dedup
+/// table and in the content summary: [`dedup_key`]), so that a page costs 4 bytes for
+/// both its integrity and its dedup, not 4 for a checksum and 4 for a piece of its content
+/// hash. Masking by domain keeps domains apart: identical pages of two domains have
+/// different stored checksums (unless the two masks are equal, which a node checks when
+/// it creates a pool), so they never match. A stored checksum that matches is a
+/// candidate only: a node compares the bytes (a put with its bytes) or recomputes the
+/// stored page's full content hash (a put by hash) before sharing a page. Part of the
+/// wire protocol (the content summary is built from it), so it never changes within a
+/// protocol version.
+pub fn stored_checksum(crc: u32, scope: DedupScope) -> u32 {
+    crc ^ domain_mask(scope)
 }
 
-/// [`hash_key`] from the tag alone: splitmix64's finalizer of it, a bijection, so that the
-/// summary's probes (which take their key as uniform) are spread over all 64 bits.
-pub fn tag_key(tag: u32) -> u64 {
-    let mut z = u64::from(tag);
+/// A trust domain's checksum mask ([`stored_checksum`]): the low 32 bits of splitmix64's
+/// finalizer of the domain. 0 when dedup is off (such pages are never looked up).
+pub fn domain_mask(scope: DedupScope) -> u32 {
+    match scope {
+        DedupScope::Domain(domain) => spread(domain.0) as u32,
+        DedupScope::Off => 0,
+    }
+}
+
+/// The 64-bit key of a stored checksum ([`stored_checksum`]), in a node's dedup table
+/// and in its content summary ([`ContentFilter`]): the checksum spread over 64 bits, so
+/// that the summary's probes (which take their key as uniform) use all of them.
+pub fn dedup_key(stored: u32) -> u64 {
+    spread(u64::from(stored))
+}
+
+/// The key a page of a pool with `scope` has in a node's content summary: `None` when
+/// its pool does not dedup. What a client computes to ask whether a node holds a page.
+pub fn page_dedup_key(crc: u32, scope: DedupScope) -> Option<u64> {
+    match scope {
+        DedupScope::Domain(_) => Some(dedup_key(stored_checksum(crc, scope))),
+        DedupScope::Off => None,
+    }
+}
+
+/// splitmix64's finalizer: a bijection of 64-bit values that spreads every input bit
+/// over all output bits.
+fn spread(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
@@ -79,7 +109,6 @@ pub fn checksum(page: &[u8]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::TrustDomain;
 
     #[test]
     fn fill_words_are_found_and_restored() {
@@ -113,12 +142,25 @@ mod tests {
         assert_eq!(checksum(&page), GOLDEN_CRC);
     }
 
-    /// Golden values: the key is what a summary's probes are computed from.
+    /// Golden values: the key is what a summary's probes are computed from, and the mask
+    /// what a node stores; a change here breaks every client of another build.
     #[test]
-    fn the_key_spreads_the_low_32_bits() {
-        assert_eq!(hash_tag(7u128 << 64 | 3 << 32 | 5), 5);
-        assert_eq!(hash_key(7u128 << 64 | 3 << 32 | 5), 0xb6bf_613d_bebb_45dc);
-        assert_eq!(tag_key(1), 0x5692_161d_100b_05e5);
+    fn the_stored_checksum_and_its_key_are_stable() {
+        let domain = DedupScope::Domain(TrustDomain(7));
+        assert_eq!(domain_mask(domain), 0x7b17_df14);
+        assert_eq!(domain_mask(DedupScope::Off), 0);
+        assert_eq!(stored_checksum(GOLDEN_CRC, domain), GOLDEN_CRC ^ 0x7b17_df14);
+        assert_eq!(dedup_key(1), 0x5692_161d_100b_05e5);
+        assert_eq!(page_dedup_key(5, domain), Some(dedup_key(5 ^ 0x7b17_df14)));
+        assert_eq!(page_dedup_key(5, DedupScope::Off), None);
+    }
+
+    #[test]
+    fn domains_store_one_page_under_different_checksums() {
+        let crc = 0x1234_5678;
+        let (a, b) = (DedupScope::Domain(TrustDomain(1)), DedupScope::Domain(TrustDomain(2)));
+        assert_ne!(stored_checksum(crc, a), stored_checksum(crc, b));
+        assert_ne!(page_dedup_key(crc, a), page_dedup_key(crc, b));
     }
 
     const GOLDEN_HASH: &str = "334e57890d1f0bd183cc3ece121c17c5";

@@ -60,7 +60,7 @@ impl Inner {
                 Copied::Hit
             }
             Value::Content(content) => {
-                let located = self.store.read().locate(content, out);
+                let located = self.store.read().locate(content, out, pool.mask);
                 let crc = match located {
                     Located::Frame(frame, crc) => {
                         // SAFETY: we hold this shard's lock, and `slot`, an entry of this
@@ -80,7 +80,7 @@ impl Inner {
                     Copied::Hit
                 } else {
                     // Bound first: the store's guard must be gone before `drop_unreadable`.
-                    let judged = self.store.write().read(content, out);
+                    let judged = self.store.write().read(content, out, pool.mask);
                     if judged != Read::Ok {
                         self.drop_unreadable(shard, pool, id, judged);
                         return Copied::Miss;
@@ -125,7 +125,7 @@ impl Inner {
                 write_fill(word, out);
                 Read::Ok
             }
-            Value::Content(content) => self.store.write().read(content, out),
+            Value::Content(content) => self.store.write().read(content, out, pool.mask),
         };
         if judged != Read::Ok {
             self.drop_unreadable(&mut shard, pool, id, judged);

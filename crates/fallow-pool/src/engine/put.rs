@@ -33,8 +33,9 @@ enum PutFail {
 enum Source<'a> {
     /// The caller's page.
     Page(&'a [u8]),
-    /// A content the store already holds, named by the digest (a put by hash).
-    Held,
+    /// A content the store already holds, named by its content hash and the digest (a
+    /// put by hash).
+    Held(u128),
 }
 
 /// A put with everything computed that needs no lock.
@@ -52,16 +53,16 @@ struct Prepared<'a> {
 impl<'a> Prepared<'a> {
     fn new(key: PageKey, page: &'a [u8], pool: &'a PoolState, inner: &Inner) -> Self {
         let fill = fill_word(page);
-        let digest = Digest::of_unless_fill(page, fill, pool.spec.dedup);
+        let digest = Digest::of_unless_fill(page, fill, pool.dedup);
         let hash = key_hash(&key);
         let source = Source::Page(page);
         Self { key, source, fill, digest, hash, shard: inner.shard_of(&key), pool }
     }
 
     fn by_hash(key: PageKey, content: u128, crc: u32, pool: &'a PoolState, inner: &Inner) -> Self {
-        let digest = Digest { hash: Some(content), crc };
+        let digest = Digest::of_checksum(crc, pool.dedup);
         let hash = key_hash(&key);
-        let source = Source::Held;
+        let source = Source::Held(content);
         Self { key, source, fill: None, digest, hash, shard: inner.shard_of(&key), pool }
     }
 }
@@ -218,12 +219,12 @@ impl Inner {
         // A put by hash takes its reference first: before the key's old page is released
         // (the same content put again under its key must not free itself) and before
         // anything is evicted to make room.
-        let held = match (source, digest.hash, pool.spec.dedup) {
-            (Source::Page(_), _, _) => Ok(None),
-            (Source::Held, Some(content), scope @ DedupScope::Domain(_)) => {
-                store.share(content, digest.crc, scope, opts).map(Some).ok_or(PutFail::NotHeld)
+        let held = match (source, pool.dedup) {
+            (Source::Page(_), _) => Ok(None),
+            (Source::Held(content), scope @ DedupScope::Domain(_)) => {
+                store.share(content, digest.sum, scope, opts).map(Some).ok_or(PutFail::NotHeld)
             }
-            (Source::Held, _, _) => Err(PutFail::NotHeld),
+            (Source::Held(_), DedupScope::Off) => Err(PutFail::NotHeld),
         };
         // The old page goes, whatever happens next: a refused put must not leave an older
         // page visible.
@@ -245,8 +246,8 @@ impl Inner {
         let mut new = None;
         let value = match (fill, source, held) {
             (Some(word), _, _) => Value::Fill(word),
-            (None, Source::Held, Some(id)) => Value::Content(id),
-            (None, Source::Held, None) => unreachable!("a put by hash without its content"),
+            (None, Source::Held(_), Some(id)) => Value::Content(id),
+            (None, Source::Held(_), None) => unreachable!("a put by hash without its content"),
             (None, Source::Page(page), _) => loop {
                 match store.intern(page, digest, opts) {
                     Ok(Interned::Shared(id)) => break Value::Content(id),

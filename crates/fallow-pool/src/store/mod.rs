@@ -10,9 +10,9 @@
 //! reference-counted by the index entries that name it; it is freed when the last one goes.
 //!
 //! ```text
-//!  index entry ──ContentId──▶ Content { tag, crc }   bytes: frame `id`, exceptions[id], blob
+//!  index entry ──ContentId──▶ Content { sum }   bytes: frame `id`, exceptions[id], blob
 //!                             meta[id]: flags, refs (1 unless shared; a map entry if so)
-//!  dedup: hash(domain, bytes) ──▶ ContentId    owner of frame f: exceptions, else id f
+//!  dedup: sum = crc32c(bytes) ^ mask(domain) ──▶ ContentId    owner of frame f: exceptions, else id f
 //! ```
 //!
 //! A content loses its bytes when its checksum fails (it leaves the dedup table at once, and
@@ -33,7 +33,7 @@ use std::ptr::NonNull;
 use fallow_core::PAGE_SIZE;
 
 use crate::arena::{Arena, ArenaFull, FrameId, FRAMES_PER_SEGMENT};
-use crate::content::{content_hash, hash_tag, tag_key, Digest};
+use crate::content::{content_hash, dedup_key, Digest};
 use fallow_core::DedupScope;
 
 mod blob_space;
@@ -52,8 +52,8 @@ use meta::{Meta, HASHED, LIVE, PINNED};
 use places::Exceptions;
 pub use shrink::ShrinkReport;
 
-/// Content ids, found by their content's hash: the table stores 4 bytes per entry, the
-/// hash itself lives in the content (its key, below, is the table's hash). Told to expect
+/// Content ids, found by their stored checksum: the table stores 4 bytes per entry, the
+/// checksum itself lives in the content (its key, below, is the table's hash). Told to expect
 /// one entry per frame of the budget ([`Store::set_budget`]), as the content array is.
 type DedupTable = crate::id_table::IdTable;
 
@@ -75,24 +75,26 @@ enum Place {
 /// already saved 256 MiB.
 const MAX_REFS: u16 = u16::MAX;
 
-/// A content's record: 8 bytes. Its place is its id's frame unless an exception says
+/// A content's record: 4 bytes. Its place is its id's frame unless an exception says
 /// otherwise ([`places`]); its flags and reference count are kept beside it ([`meta`]),
 /// one byte for most contents.
 #[derive(Clone, Copy, Default)]
 struct Content {
-    /// The dedup hash's tag (`hash_tag`: its low 32 bits), valid when `HASHED` is set. The
-    /// dedup table finds a content by it ([`Content::key`]); two different pages share a
-    /// tag with probability 2⁻³², so [`Store::intern`] compares the bytes before sharing and
-    /// [`Store::share`], which has no bytes, recomputes the stored page's full hash. Keeping
-    /// 4 bytes of the hash instead of 16 is three quarters of a content.
-    tag: u32,
-    crc: u32,
+    /// The stored checksum (`fallow_core::content::stored_checksum`): the CRC-32C of the
+    /// bytes XORed with the trust domain's mask. Every read checks it (given the reading
+    /// pool's mask), and, when `HASHED` is set, the dedup table finds the content by it
+    /// ([`Content::key`]). Two different pages share it with probability 2⁻³², so
+    /// [`Store::intern`] compares the bytes before sharing and [`Store::share`], which has
+    /// no bytes, recomputes the stored page's full content hash. One number for both jobs
+    /// (until session 13 a 32-bit tag of the content hash sat beside it) is 4 bytes of
+    /// every page's metadata.
+    sum: u32,
 }
 
 impl Content {
-    /// The dedup table's hash of this content: its tag spread over 64 bits.
+    /// The dedup table's hash of this content: its stored checksum spread over 64 bits.
     fn key(&self) -> u64 {
-        tag_key(self.tag)
+        dedup_key(self.sum)
     }
 }
 
@@ -116,7 +118,7 @@ pub enum Read {
     Corrupt,
 }
 
-/// Where a get finds a content's bytes ([`Store::locate`]), with the checksum they must
+/// Where a get finds a content's bytes ([`Store::locate`]), with the CRC-32C they must
 /// have.
 pub enum Located {
     /// In a frame, to be copied after the store lock is released.
@@ -304,10 +306,10 @@ impl Store {
         digest: Digest,
         opts: InternOptions,
     ) -> Result<Interned, ArenaFull> {
-        let tag = digest.hash.map(hash_tag);
+        let sum = digest.sum;
         let contents = &self.contents;
-        let found = tag.and_then(|tag| self.dedup.find(tag_key(tag), |id| contents[id].tag == tag));
-        if let Some(id) = found {
+        let found = digest.dedup.then(|| self.dedup.find(dedup_key(sum), |id| contents[id].sum == sum));
+        if let Some(id) = found.flatten() {
             if self.meta.refs(id) < MAX_REFS && self.same_bytes(id, page) {
                 self.meta.add_ref(id);
                 if opts.pinned {
@@ -334,7 +336,7 @@ impl Store {
             return Err(ArenaFull::AtLimit);
         };
         // Not `HASHED` yet: the dedup table gets it when its bytes are there (`publish`).
-        self.contents[id] = Content { tag: tag.unwrap_or(0), crc: digest.crc };
+        self.contents[id] = Content { sum };
         let flags = if opts.compressible { Meta::compressible() } else { 0 };
         self.meta.start(id, flags);
         self.live_contents += 1;
@@ -345,12 +347,12 @@ impl Store {
         Ok(Interned::New(NewContent {
             id,
             frame: HeldFrame { ptr: self.arena.frame_ptr(frame) },
-            hashed: tag.is_some(),
+            hashed: digest.dedup,
         }))
     }
 
     /// Puts a new content, now filled, in the dedup table, so that later identical pages
-    /// share it. A tag collision with a different page keeps the first content in the table
+    /// share it. A checksum shared with a different page keeps the first content in the table
     /// and this one is simply not shared, unless the first has lost its bytes; so does an
     /// identical page put meanwhile through another shard (the two keep a frame each).
     pub fn publish(&mut self, new: NewContent) {
@@ -359,9 +361,9 @@ impl Store {
         }
         let id = new.id;
         let c = &self.contents[id];
-        let (tag, key) = (c.tag, c.key());
+        let (sum, key) = (c.sum, c.key());
         let contents = &self.contents;
-        match self.dedup.find(key, |i| contents[i].tag == tag) {
+        match self.dedup.find(key, |i| contents[i].sum == sum) {
             None => {
                 let contents = &self.contents;
                 self.dedup.insert_unique(key, id, |i| contents[i].key());
@@ -399,26 +401,24 @@ impl Store {
         })
     }
 
-    /// Shares the live content with this hash and checksum, as [`Store::intern`] would if
-    /// it had the bytes: for a put by hash, whose bytes stayed with the client. The
-    /// content is found by the hash's tag and must have the same CRC-32C; then its full
-    /// hash is recomputed from its bytes (in `scope`, the pool's trust domain) and must be
-    /// `hash`, all 128 bits: a client's hash that matches another page's tag (or a wrong
-    /// one) gets `None`. The recomputation costs a hash of one page (~0.2 µs), paid only
-    /// by a put by hash, which saved a 4 KiB transfer.
+    /// Shares the live content with this content hash and stored checksum (`sum`, the
+    /// client's CRC-32C masked by the pool's domain), as [`Store::intern`] would if it had
+    /// the bytes: for a put by hash, whose bytes stayed with the client. The content is
+    /// found by its stored checksum; then its full hash is recomputed from its bytes (in
+    /// `scope`, the pool's trust domain) and must be `hash`, all 128 bits: a client's hash
+    /// of a page that merely has the same checksum (or a wrong hash) gets `None`. The
+    /// recomputation costs a hash of one page (~0.2 µs), paid only by a put by hash, which
+    /// saved a 4 KiB transfer.
     pub fn share(
         &mut self,
         hash: u128,
-        crc: u32,
+        sum: u32,
         scope: DedupScope,
         opts: InternOptions,
     ) -> Option<ContentId> {
-        let tag = hash_tag(hash);
-        let key = tag_key(tag);
         let contents = &self.contents;
-        let id = self.dedup.find(key, |id| contents[id].tag == tag)?;
-        let c = &self.contents[id];
-        if !self.is_live(id) || c.crc != crc || self.meta.refs(id) == MAX_REFS {
+        let id = self.dedup.find(dedup_key(sum), |id| contents[id].sum == sum)?;
+        if !self.is_live(id) || self.meta.refs(id) == MAX_REFS {
             return None;
         }
         if !self.hashes_to(id, hash, scope) {
@@ -444,14 +444,14 @@ impl Store {
         }
     }
 
-    /// Calls `visit` with the hash key (`hash_key`: the content hash's tag spread over 64
+    /// Calls `visit` with the dedup key (`dedup_key`: the stored checksum spread over 64
     /// bits) of every live, shareable content among the next `max` content positions from
     /// `from` ([`ById::id_at`]); returns where to go on, or `None` at the end. Lets a caller
     /// walk every hash in steps, taking the store lock once per step. Positions are stable
     /// but for virtual ids, which move up when a new segment adds frame numbers between
     /// steps: such a walk may then miss or repeat a few of them, which the summary it
     /// builds allows (a missing hash costs a page sent instead of its hash).
-    pub fn visit_hashes(
+    pub fn visit_dedup_keys(
         &self,
         from: usize,
         max: usize,
@@ -576,29 +576,32 @@ impl Store {
 
     /// Where a get finds a content's bytes, looked up under the store's read lock and
     /// copied after it is released (see [`HeldFrame`]); a compressed content is
-    /// decompressed into `out` here, under the lock. The checksum comes back with it, for
-    /// the caller to check on its copy; on a mismatch it calls [`Store::read`].
-    pub fn locate(&self, id: ContentId, out: &mut [u8]) -> Located {
-        let c = &self.contents[id];
+    /// decompressed into `out` here, under the lock. The CRC-32C comes back with it (the
+    /// stored checksum unmasked by `mask`, the reading pool's [`domain_mask`]), for the
+    /// caller to check on its copy; on a mismatch it calls [`Store::read`].
+    ///
+    /// [`domain_mask`]: crate::content::domain_mask
+    pub fn locate(&self, id: ContentId, out: &mut [u8], mask: u32) -> Located {
+        let crc = self.contents[id].sum ^ mask;
         let located = match self.place(id) {
             Place::Frame(f) if self.arena.is_live(f) => {
-                Located::Frame(HeldFrame { ptr: self.arena.frame_ptr(f) }, c.crc)
+                Located::Frame(HeldFrame { ptr: self.arena.frame_ptr(f) }, crc)
             }
             Place::Frame(_) | Place::Dead => return Located::Dead,
             // A corrupt blob fails the caller's checksum check like a corrupt frame.
             Place::Compressed => {
                 let _ = self.decompress(id, out);
-                Located::Copied(c.crc)
+                Located::Copied(crc)
             }
         };
         self.meta.note_read(id);
         located
     }
 
-    /// Copies a content's bytes into `out` under the lock and returns the checksum they
-    /// must have. `None`: the bytes are gone.
-    fn copy_out(&self, id: ContentId, out: &mut [u8]) -> Option<u32> {
-        match self.locate(id, out) {
+    /// Copies a content's bytes into `out` under the lock and returns the CRC-32C they
+    /// must have (`mask` as in [`Store::locate`]). `None`: the bytes are gone.
+    fn copy_out(&self, id: ContentId, out: &mut [u8], mask: u32) -> Option<u32> {
+        match self.locate(id, out, mask) {
             Located::Frame(frame, crc) => {
                 // SAFETY: the caller borrows the store, so nothing can free, move or unmap
                 // the frame during the copy.
@@ -616,8 +619,10 @@ impl Store {
     /// entry names it. Until then each entry that reads it finds the mismatch itself: an
     /// entry in another shard may be copying those bytes right now, with no store lock
     /// (see [`HeldFrame`]), so the frame must not be freed under it.
-    pub fn read(&mut self, id: ContentId, out: &mut [u8]) -> Read {
-        let Some(crc) = self.copy_out(id, out) else { return Read::Dead };
+    ///
+    /// `mask` is the reading pool's checksum mask, as for [`Store::locate`].
+    pub fn read(&mut self, id: ContentId, out: &mut [u8], mask: u32) -> Read {
+        let Some(crc) = self.copy_out(id, out, mask) else { return Read::Dead };
         if crate::content::checksum(out) == crc {
             return Read::Ok;
         }
@@ -706,12 +711,12 @@ impl Store {
                 assert_eq!(self.place(id), Place::Frame(f), "frame {raw}: stale owner {id}");
             }
         }
-        let mut hashes = std::collections::HashSet::new();
+        let mut sums = std::collections::HashSet::new();
         for id in self.dedup.iter() {
             let c = &self.contents[id];
             assert!(self.meta.has(id, LIVE) && self.meta.has(id, HASHED), "stale dedup entry {id}");
-            assert!(hashes.insert(c.tag), "two dedup entries for one tag");
-            let found = self.dedup.find(c.key(), |o| self.contents[o].tag == c.tag);
+            assert!(sums.insert(c.sum), "two dedup entries for one stored checksum");
+            let found = self.dedup.find(c.key(), |o| self.contents[o].sum == c.sum);
             assert_eq!(found, Some(id), "dedup entry {id} cannot be found by its hash");
         }
         self.dedup.validate(|i| self.contents[i].key());
@@ -766,8 +771,8 @@ mod tests {
     const DOMAIN: DedupScope = DedupScope::Domain(fallow_core::TrustDomain(0));
 
     #[test]
-    fn a_content_takes_8_bytes() {
-        assert_eq!(std::mem::size_of::<Content>(), 8);
+    fn a_content_takes_4_bytes() {
+        assert_eq!(std::mem::size_of::<Content>(), 4);
     }
 
     #[test]
@@ -776,38 +781,41 @@ mod tests {
         let page: Vec<u8> = (0..PAGE_SIZE).map(|i| (i % 253) as u8).collect();
         let digest = Digest::of(&page, DOMAIN);
         let id = store.intern_now(&page, digest, InternOptions::default()).unwrap();
-        let hash = digest.hash.unwrap();
+        let hash = content_hash(&page, DOMAIN).unwrap();
         let opts = InternOptions::default();
-        // Same tag (low 32 bits) and checksum, another hash: the stored page's hash is
-        // recomputed, so this is not held.
-        for wrong in [hash ^ (1 << 32), hash ^ (1 << 127)] {
-            assert_eq!(store.share(wrong, digest.crc, DOMAIN, opts), None, "{wrong:x}");
+        // The same checksum, another hash: the stored page's hash is recomputed, so this is
+        // not held.
+        for wrong in [hash ^ 1, hash ^ (1 << 32), hash ^ (1 << 127)] {
+            assert_eq!(store.share(wrong, digest.sum, DOMAIN, opts), None, "{wrong:x}");
         }
-        assert_eq!(store.share(hash, digest.crc ^ 1, DOMAIN, opts), None, "checksum differs");
+        assert_eq!(store.share(hash, digest.sum ^ 1, DOMAIN, opts), None, "checksum differs");
         let other = DedupScope::Domain(fallow_core::TrustDomain(1));
-        assert_eq!(store.share(hash, digest.crc, other, opts), None, "another domain");
-        assert_eq!(store.share(hash, digest.crc, DOMAIN, opts), Some(id));
+        let theirs = Digest::of(&page, other).sum;
+        assert_eq!(store.share(hash, theirs, other, opts), None, "another domain's checksum");
+        assert_eq!(store.share(hash, digest.sum, other, opts), None, "another domain's hash");
+        assert_eq!(store.share(hash, digest.sum, DOMAIN, opts), Some(id));
         let mut refs = HashMap::new();
         refs.insert(id, 2);
         store.validate(&refs);
     }
 
     #[test]
-    fn pages_whose_tags_collide_are_kept_apart() {
-        // Two different pages with one tag: the second is not shared with the first (the
+    fn pages_whose_checksums_collide_are_kept_apart() {
+        // Two different pages with one stored checksum (a CRC-32C collision, made here by
+        // choosing each one's domain mask): the second is not shared with the first (the
         // bytes differ) and is not in the dedup table; both read back their own bytes.
         let mut store = Store::new(16 * PAGE_SIZE);
         let (a, b) = (vec![1u8; PAGE_SIZE], vec![2u8; PAGE_SIZE]);
-        let tag = 0xdead_beef_u128;
-        let da = Digest { hash: Some(7 << 64 | tag), crc: checksum(&a) };
-        let db = Digest { hash: Some(9 << 64 | tag), crc: checksum(&b) };
-        let ia = store.intern_now(&a, da, InternOptions::default()).unwrap();
-        let ib = store.intern_now(&b, db, InternOptions::default()).unwrap();
+        let sum = 0xdead_beef;
+        let (mask_a, mask_b) = (sum ^ checksum(&a), sum ^ checksum(&b));
+        let digest = Digest { sum, dedup: true };
+        let ia = store.intern_now(&a, digest, InternOptions::default()).unwrap();
+        let ib = store.intern_now(&b, digest, InternOptions::default()).unwrap();
         assert_ne!(ia, ib);
         let mut out = vec![0u8; PAGE_SIZE];
-        store.copy_out(ib, &mut out).unwrap();
+        assert_eq!(store.read(ib, &mut out, mask_b), Read::Ok);
         assert_eq!(out, b);
-        store.copy_out(ia, &mut out).unwrap();
+        assert_eq!(store.read(ia, &mut out, mask_a), Read::Ok);
         assert_eq!(out, a);
         store.validate(&HashMap::from([(ia, 1), (ib, 1)]));
     }
@@ -824,7 +832,8 @@ mod tests {
         let own = store.intern_now(&page, digest, InternOptions::default()).unwrap();
         assert_ne!(own, first, "a 65 536th reference must not overflow the count");
         let opts = InternOptions::default();
-        assert_eq!(store.share(digest.hash.unwrap(), digest.crc, DOMAIN, opts), None);
+        let hash = content_hash(&page, DOMAIN).unwrap();
+        assert_eq!(store.share(hash, digest.sum, DOMAIN, opts), None);
         let mut refs = HashMap::new();
         refs.insert(first, u32::from(MAX_REFS));
         refs.insert(own, 1);

@@ -186,7 +186,7 @@ mod tests {
 
     fn reads(store: &Store, id: ContentId, seed: u64) -> bool {
         let mut out = vec![0u8; PAGE_SIZE];
-        store.copy_out(id, &mut out).is_some() && out == page(seed)
+        store.copy_out(id, &mut out, 0).is_some() && out == page(seed)
     }
 
     /// Puts pages (seeds from 1000) until no resident free frame is left, so that the next
