@@ -19,12 +19,28 @@ pub enum ConfigError {
     /// More than [`MAX_BUDGET_BYTES`] to lend.
     #[error("a budget of {0} bytes is more than the {MAX_BUDGET_BYTES} one engine can address")]
     BudgetTooLarge(usize),
+    /// More pages in the budget than the shards asked for can index.
+    #[error(
+        "{shards} shards index at most {max} pages ({} bytes), fewer than a budget of {budget} \
+         bytes holds: use {needed} shards or more",
+        max * fallow_core::PAGE_SIZE
+    )]
+    TooFewShards {
+        /// Shards asked for.
+        shards: usize,
+        /// The pages they can index.
+        max: usize,
+        /// The budget.
+        budget: usize,
+        /// The fewest shards that can index it.
+        needed: usize,
+    },
 }
 
 /// The most one engine can lend, 2 TiB: frame numbers are content ids and stay below 2³⁰
 /// (`arena.rs`), and half of them are kept free so that segment numbers released by a
-/// shrink can drain before they are reused. It is also what 8 index shards can hold
-/// (`shard::MAX_PAGES`).
+/// shrink can drain before they are reused. 64 index shards can hold it
+/// (`shard::MAX_PAGES` each).
 pub const MAX_BUDGET_BYTES: usize = (1 << 29) * fallow_core::PAGE_SIZE;
 
 /// A validated engine configuration.
@@ -70,8 +86,10 @@ impl EngineBuilder {
         }
     }
 
-    /// Index shards; defaults to 4 × the CPUs, rounded up to a power of two. Use 1 for an
-    /// exact global eviction order (trace replay).
+    /// Index shards; defaults to 4 × the CPUs, rounded up to a power of two (at most 256),
+    /// or more if the budget needs them: a shard indexes at most 2²⁴ − 1 pages (64 GiB),
+    /// and fewer shards than the budget needs is an error. Use 1 for an exact global
+    /// eviction order (trace replay).
     pub fn shards(mut self, shards: usize) -> Self {
         self.shards = Some(shards);
         self
@@ -103,12 +121,24 @@ impl EngineBuilder {
 
     /// Checks the configuration.
     pub fn build(self) -> Result<EngineConfig, ConfigError> {
+        // A shard indexes at most `MAX_PAGES` pages (its slot ids fit 24-bit links).
+        let pages = self.budget_bytes / fallow_core::PAGE_SIZE;
+        let needed = pages.div_ceil(crate::shard::MAX_PAGES).next_power_of_two();
         let shards = self.shards.unwrap_or_else(|| {
             let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-            (cpus * 4).next_power_of_two().min(256)
+            (cpus * 4).next_power_of_two().min(256).max(needed)
         });
         if !shards.is_power_of_two() || shards > 1024 {
             return Err(ConfigError::BadShardCount(shards));
+        }
+        if shards < needed && self.budget_bytes <= MAX_BUDGET_BYTES {
+            let max = shards * crate::shard::MAX_PAGES;
+            return Err(ConfigError::TooFewShards {
+                shards,
+                max,
+                budget: self.budget_bytes,
+                needed,
+            });
         }
         let policy = eviction::POLICY_NAMES
             .iter()
@@ -129,5 +159,47 @@ impl EngineBuilder {
             compress_interval: self.compress_interval,
             compress_batch: self.compress_batch,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shard::MAX_PAGES;
+    use fallow_core::PAGE_SIZE;
+
+    #[test]
+    fn the_default_shards_index_the_whole_budget() {
+        let config = EngineBuilder::new(MAX_BUDGET_BYTES).build().unwrap();
+        assert!(config.shards * MAX_PAGES * PAGE_SIZE >= MAX_BUDGET_BYTES, "{}", config.shards);
+        let small = EngineBuilder::new(1 << 30).build().unwrap();
+        assert!(small.shards <= 256, "{}", small.shards);
+    }
+
+    #[test]
+    fn too_few_shards_for_the_budget_are_refused_with_how_many_it_needs() {
+        let budget = (MAX_PAGES + 1) * PAGE_SIZE;
+        let err = EngineBuilder::new(budget).shards(1).build().unwrap_err();
+        assert_eq!(err, ConfigError::TooFewShards { shards: 1, max: MAX_PAGES, budget, needed: 2 });
+        assert!(err.to_string().contains("use 2 shards or more"), "{err}");
+        assert!(EngineBuilder::new(budget).shards(2).build().is_ok());
+        assert!(EngineBuilder::new(MAX_PAGES * PAGE_SIZE).shards(1).build().is_ok());
+    }
+
+    #[test]
+    fn bad_builders_are_refused() {
+        assert_eq!(
+            EngineBuilder::new(1 << 20).shards(3).build().unwrap_err(),
+            ConfigError::BadShardCount(3)
+        );
+        assert_eq!(
+            EngineBuilder::new(MAX_BUDGET_BYTES + PAGE_SIZE).build().unwrap_err(),
+            ConfigError::BudgetTooLarge(MAX_BUDGET_BYTES + PAGE_SIZE)
+        );
+        assert!(EngineBuilder::new(1 << 20).policy("fifo-ish").build().is_err());
+        assert_eq!(
+            EngineBuilder::new(1 << 20).entries_per_frame(0).build().unwrap_err(),
+            ConfigError::BadEntriesPerFrame
+        );
     }
 }

@@ -257,9 +257,8 @@ pub(crate) fn prefer_holders(
     digest: Option<Digest>,
 ) -> [Option<Slot>; 2] {
     let Some(digest) = digest else { return owners };
-    let holds = |slot: Slot| {
-        view.node(slot).is_some_and(|n| n.link.content.lock().contains(digest.key))
-    };
+    let holds =
+        |slot: Slot| view.node(slot).is_some_and(|n| n.link.content.lock().contains(digest.key));
     let wanted = owners.iter().filter(|o| o.is_some()).count();
     let owners = owners.into_iter().flatten();
     let others = candidates.iter().map(|c| c.slot);

@@ -85,8 +85,8 @@ impl std::fmt::Debug for Engine {
 }
 
 /// The most index entries a shard of `frames` budget frames may hold: `entries_per_frame`
-/// for each, up to what a shard can index at all ([`crate::shard::MAX_PAGES`], 2²⁶: reached
-/// from 2²⁶ / `entries_per_frame` frames a shard, 64 GiB with the default 4).
+/// for each, up to what a shard can index at all ([`crate::shard::MAX_PAGES`], 2²⁴ − 1:
+/// reached from 2²⁴ / `entries_per_frame` frames a shard, 16 GiB with the default 4).
 fn entry_limit(frames: usize, entries_per_frame: usize) -> usize {
     frames.saturating_mul(entries_per_frame).min(crate::shard::MAX_PAGES)
 }
@@ -184,6 +184,14 @@ impl Engine {
         }
         let frames = budget_bytes / PAGE_SIZE;
         let per_shard = frames.div_ceil(self.inner.shards.len()).max(1);
+        if per_shard > crate::shard::MAX_PAGES {
+            tracing::warn!(
+                budget_bytes,
+                shards = self.inner.shards.len(),
+                "the budget is more than this engine's shards can index (2^24 - 1 pages each); \
+                 the rest of it stays unused until the engine is restarted with more shards"
+            );
+        }
         self.inner
             .entries_per_shard
             .store(entry_limit(per_shard, self.inner.config.entries_per_frame), Ordering::Relaxed);
@@ -497,7 +505,7 @@ mod tests {
     use crate::EngineBuilder;
 
     #[test]
-    fn a_shard_never_takes_more_entries_than_its_span_ids_can_name() {
+    fn a_shard_never_takes_more_entries_than_its_slot_and_span_ids_can_name() {
         assert_eq!(entry_limit(1000, 4), 4000);
         let frames_per_shard = MAX_BUDGET_BYTES / PAGE_SIZE;
         assert_eq!(entry_limit(frames_per_shard, 4), crate::shard::MAX_PAGES);

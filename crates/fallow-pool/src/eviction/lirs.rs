@@ -41,7 +41,7 @@
 //! whose fingerprint matches a ghost's (odds about ghosts / 2^32) is taken for a
 //! re-reference and starts as LIR, which costs a little hit ratio, never correctness.
 
-use super::list::{Links, List, NIL};
+use super::list::{Links, List, Wide, NIL};
 use super::{Eviction, SlotId};
 use crate::prehashed::PrehashedMap;
 
@@ -80,11 +80,11 @@ enum Status {
 #[derive(Debug, Default)]
 pub struct Lirs {
     /// Links of S.
-    s_links: Links,
+    s_links: Links<Wide>,
     /// The recency stack: front = bottom (least recent, always LIR), back = top.
     stack: List,
     /// Links shared by Q and the ghost FIFO: Q holds resident nodes, the FIFO ghosts.
-    q_links: Links,
+    q_links: Links<Wide>,
     /// Resident HIR pages: front = next victim.
     queue: List,
     /// Ghosts in the order they were made: front = the next to be forgotten.

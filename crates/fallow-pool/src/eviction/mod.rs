@@ -82,7 +82,7 @@ pub trait Eviction: Send + 'static {
 mod adaptive;
 mod ghost;
 mod lirs;
-mod list;
+pub(crate) mod list;
 mod lru;
 mod s3fifo;
 mod s3fifo_lean;

@@ -33,9 +33,19 @@ use crate::store::ContentId;
 use fills::Fills;
 use spans::{position, SpanRef, Spans, NIL, RUN_BITS};
 
-/// The most pages one shard holds: each may need a span of its own, and span ids
-/// have 26 bits ([`spans::MAX_SPANS`]). The engine caps a shard's entries below it.
-pub const MAX_PAGES: usize = spans::MAX_SPANS;
+/// The most pages one shard holds, 2²⁴ − 1 (64 GiB of distinct pages): slot ids must fit
+/// the policies' 24-bit links ([`crate::eviction::list::NARROW_MAX_ID`]), and each page
+/// may need a span of its own (span ids have 26 bits, [`spans::MAX_SPANS`]). The engine
+/// caps a shard's entries below it, and picks enough shards for its budget
+/// ([`crate::EngineBuilder::build`]).
+pub const MAX_PAGES: usize = {
+    let links = crate::eviction::list::NARROW_MAX_ID as usize + 1;
+    if links < spans::MAX_SPANS {
+        links
+    } else {
+        spans::MAX_SPANS
+    }
+};
 
 /// splitmix64's finalizer: spreads a 64-bit value over all bits, for the shard's small
 /// tables (spans, fill words), which use both a hash's high bits (tags) and its low bits

@@ -308,7 +308,8 @@ impl Store {
     ) -> Result<Interned, ArenaFull> {
         let sum = digest.sum;
         let contents = &self.contents;
-        let found = digest.dedup.then(|| self.dedup.find(dedup_key(sum), |id| contents[id].sum == sum));
+        let found =
+            digest.dedup.then(|| self.dedup.find(dedup_key(sum), |id| contents[id].sum == sum));
         if let Some(id) = found.flatten() {
             if self.meta.refs(id) < MAX_REFS && self.same_bytes(id, page) {
                 self.meta.add_ref(id);
