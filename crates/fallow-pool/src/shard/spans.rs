@@ -277,8 +277,8 @@ impl Spans {
         if e.prev == NIL {
             // The head: its successor, if any, takes its place in `heads`.
             if e.next != NIL {
-                let slot = self.heads.find_mut(e.object_hash(), |x| x == r);
-                *slot.expect("the first span of an object is in heads") = e.next;
+                let replaced = self.heads.replace(e.object_hash(), |x| x == r, e.next);
+                assert!(replaced, "the first span of an object is in heads");
             } else {
                 self.heads.remove(e.object_hash(), |x| x == r).expect("the head is in heads");
             }

@@ -78,9 +78,7 @@ impl Store {
         self.meta.start(new, self.meta.flags(id));
         if self.meta.has(id, HASHED) {
             let key = self.contents[id].key();
-            if let Some(entry) = self.dedup.find_mut(key, |i| i == id) {
-                *entry = new;
-            } else {
+            if !self.dedup.replace(key, |i| i == id, new) {
                 // Not the table's entry for its hash (an identical page took it): neither is
                 // the new id.
                 self.meta.clear(new, HASHED);

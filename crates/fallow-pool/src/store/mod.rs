@@ -372,9 +372,7 @@ impl Store {
             Some(old) if !self.is_live(old) => {
                 // The old content keeps its HASHED flag but is no longer the entry, so its
                 // release will not remove ours.
-                if let Some(slot) = self.dedup.find_mut(key, |i| i == old) {
-                    *slot = id;
-                }
+                self.dedup.replace(key, |i| i == old, id);
             }
             Some(_) => return,
         }
