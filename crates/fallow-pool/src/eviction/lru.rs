@@ -2,7 +2,7 @@
 //!
 //! One intrusive list over per-slot `prev`/`next` arrays ([`Links`]): a hit moves the slot
 //! to the back, the victim is the front. Every operation is O(1) and there is no hash map;
-//! the policy keeps 8 bytes per slot (two `u32` links) and ignores key hashes.
+//! the policy keeps 6 bytes per slot (two 24-bit links) and ignores key hashes.
 
 use super::list::{Links, List};
 use super::{Eviction, SlotId};

@@ -11,8 +11,8 @@
 //! A hit only bumps a 2-bit frequency (no list move), so most one-hit pages leave from the
 //! small queue quickly ("quick demotion") and a scan cannot flush the main queue.
 //!
-//! Per slot: two `u32` links, the key's 32-bit fingerprint (the ghost needs it when the
-//! page leaves, and `pop_victim` is not given hashes) and one state byte: 13 bytes, plus
+//! Per slot: two 24-bit links, the key's 32-bit fingerprint (the ghost needs it when the
+//! page leaves, and `pop_victim` is not given hashes) and one state byte: 11 bytes, plus
 //! the ghost's ring and map (about 13 bytes per remembered eviction, up to 0.9 × capacity).
 
 use super::ghost::Ghost;

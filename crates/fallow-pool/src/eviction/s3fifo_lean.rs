@@ -46,8 +46,8 @@
 //!   instead of 4 with its worst row at +0.010 instead of +0.019, criterion 3 on 8
 //!   instead of 9.)
 //!
-//! Bytes per page, counted as Caffeine counts its nodes: the queue links (two `u32`, 8 B)
-//! are what the engine's index slot would hold; beyond them the policy keeps **2 B**: one
+//! Bytes per page, counted as Caffeine counts its nodes: the queue links (two 24-bit ids,
+//! 6 B) are what the engine's index slot would hold; beyond them the policy keeps **2 B**: one
 //! state byte per slot (queue: 2 bits, frequency: 2 bits; four bits spare) and the ghost
 //! filter, 1 byte per page of capacity. On top, per engine (not per shard, since
 //! 2026-11-22), the three simulations: at most 3 × 512 simulated pages with their links,
@@ -615,7 +615,7 @@ mod tests {
 
     #[test]
     fn state_is_two_bytes_per_page_beyond_the_links() {
-        // Links (8 B per slot) would live in the index entry; the rest is 1 state byte per
+        // Links (6 B per slot) would live in the index entry; the rest is 1 state byte per
         // slot and 1 filter byte per page of capacity.
         let mut p = FixedShare::new(4096, 0.1);
         for id in 0..4096 {

@@ -19,9 +19,9 @@
 //! large LRU window, frequency-heavy ones a small one. The window is never under 1 page,
 //! so a 12-page cache still admits new pages.
 //!
-//! Per slot: two `u32` links, the key's 32-bit fingerprint (admission compares the sketch
+//! Per slot: two 24-bit links, the key's 32-bit fingerprint (admission compares the sketch
 //! estimates of two resident pages, and `pop_victim` is not given hashes) and one state
-//! byte: 13 bytes, plus the sketch's 8 bytes per page of capacity.
+//! byte: 11 bytes, plus the sketch's 8 bytes per page of capacity.
 
 use super::list::{Links, List};
 use super::sketch::FrequencySketch;
