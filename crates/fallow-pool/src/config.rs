@@ -66,6 +66,7 @@ pub struct EngineConfig {
 #[derive(Debug, Clone)]
 pub struct EngineBuilder {
     budget_bytes: usize,
+    budget_up_to: usize,
     shards: Option<usize>,
     policy: String,
     entries_per_frame: usize,
@@ -78,12 +79,21 @@ impl EngineBuilder {
     pub fn new(budget_bytes: usize) -> Self {
         Self {
             budget_bytes,
+            budget_up_to: 0,
             shards: None,
             policy: eviction::DEFAULT_POLICY.to_string(),
             entries_per_frame: 4,
             compress_interval: Some(Duration::from_millis(100)),
             compress_batch: 32,
         }
+    }
+
+    /// The most the budget may grow to while the engine runs ([`crate::Engine::set_budget`]),
+    /// if more than it starts with: the default shard count covers it too. A node that
+    /// starts lending nothing passes its host's memory.
+    pub fn budget_up_to(mut self, bytes: usize) -> Self {
+        self.budget_up_to = bytes;
+        self
     }
 
     /// Index shards; defaults to 4 × the CPUs, rounded up to a power of two (at most 256),
@@ -122,11 +132,15 @@ impl EngineBuilder {
     /// Checks the configuration.
     pub fn build(self) -> Result<EngineConfig, ConfigError> {
         // A shard indexes at most `MAX_PAGES` pages (its slot ids fit 24-bit links).
-        let pages = self.budget_bytes / fallow_core::PAGE_SIZE;
-        let needed = pages.div_ceil(crate::shard::MAX_PAGES).next_power_of_two();
+        let shards_for = |bytes: usize| {
+            let pages = bytes.min(MAX_BUDGET_BYTES) / fallow_core::PAGE_SIZE;
+            pages.div_ceil(crate::shard::MAX_PAGES).next_power_of_two()
+        };
+        let needed = shards_for(self.budget_bytes);
         let shards = self.shards.unwrap_or_else(|| {
             let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-            (cpus * 4).next_power_of_two().min(256).max(needed)
+            let most = shards_for(self.budget_bytes.max(self.budget_up_to));
+            (cpus * 4).next_power_of_two().min(256).max(most)
         });
         if !shards.is_power_of_two() || shards > 1024 {
             return Err(ConfigError::BadShardCount(shards));
@@ -174,6 +188,11 @@ mod tests {
         assert!(config.shards * MAX_PAGES * PAGE_SIZE >= MAX_BUDGET_BYTES, "{}", config.shards);
         let small = EngineBuilder::new(1 << 30).build().unwrap();
         assert!(small.shards <= 256, "{}", small.shards);
+        // An engine that starts empty and grows (a node) is sized for where it may go.
+        let growing = EngineBuilder::new(0).budget_up_to(MAX_BUDGET_BYTES).build().unwrap();
+        assert_eq!(growing.shards, config.shards);
+        let beyond = EngineBuilder::new(0).budget_up_to(usize::MAX).build().unwrap();
+        assert_eq!(beyond.shards, config.shards, "past the most an engine lends, that most");
     }
 
     #[test]

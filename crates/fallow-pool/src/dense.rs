@@ -17,16 +17,6 @@ pub(crate) fn place_expecting<T>(
     place_with(entries, free, value, |e, len| grow(e, len, expected))
 }
 
-/// [`place`] for a table that holds at most `cap` entries (see [`grow_capped`]).
-pub(crate) fn place_capped<T>(
-    entries: &mut Vec<T>,
-    free: &mut Vec<u32>,
-    value: T,
-    cap: usize,
-) -> u32 {
-    place_with(entries, free, value, |e, len| grow_capped(e, len, cap))
-}
-
 fn place_with<T>(
     entries: &mut Vec<T>,
     free: &mut Vec<u32>,
@@ -65,10 +55,10 @@ pub(crate) fn grow<T>(entries: &mut Vec<T>, len: usize, expected: usize) {
     grow_capped(entries, len, expected);
 }
 
-/// Makes room in `entries` for `len` entries, doubling as `Vec` does but stopping at `cap`
-/// (a bound, such as the most spans a shard could hold, rather than an expectation);
-/// past it, by a quarter; with no bound (0), doubling.
-pub(crate) fn grow_capped<T>(entries: &mut Vec<T>, len: usize, cap: usize) {
+/// Makes room in `entries` for `len` entries, doubling as `Vec` does but stopping at `cap`;
+/// past it, by a quarter; with no bound (0), doubling. [`grow`]'s way when its
+/// reservation fails.
+fn grow_capped<T>(entries: &mut Vec<T>, len: usize, cap: usize) {
     let now = entries.capacity();
     if len <= now {
         return;
@@ -130,9 +120,10 @@ mod tests {
 
     #[test]
     fn a_capped_table_doubles_up_to_its_cap() {
-        let (mut entries, mut free) = (Vec::new(), Vec::new());
-        for i in 0..1000u32 {
-            place_capped(&mut entries, &mut free, i, 1000);
+        let mut entries: Vec<u32> = Vec::new();
+        for len in 1..=1000 {
+            grow_capped(&mut entries, len, 1000);
+            entries.push(0);
         }
         assert_eq!(entries.capacity(), 1000);
         let mut plain: Vec<u32> = Vec::new();

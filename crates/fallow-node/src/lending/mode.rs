@@ -10,6 +10,7 @@ use std::str::FromStr;
 use fallow_pool::MAX_BUDGET_BYTES;
 
 use super::decide::AutoConfig;
+use super::host::{MemorySource, ProcSource};
 
 /// How much the node lends.
 #[derive(Debug, Clone, PartialEq)]
@@ -40,6 +41,23 @@ pub enum SizeParseError {
     /// More than one engine can address.
     #[error("{0:?} is more than the {MAX_BUDGET_BYTES} bytes (2 TiB) one node can lend")]
     TooLarge(String),
+}
+
+impl LendMode {
+    /// The most this mode can lend on this host: the fixed size, or, with `auto`, the
+    /// host's memory (its cgroup's limit if smaller) up to `max_lend_bytes`. A node starts
+    /// lending nothing and grows; this is what it sizes the engine's index for
+    /// (`EngineBuilder::budget_up_to`). 0 when the host's memory cannot be read (the
+    /// governor says so when it starts).
+    pub fn most_bytes(&self) -> u64 {
+        match self {
+            Self::Fixed(bytes) => *bytes,
+            Self::Auto(auto) => {
+                let host = ProcSource::new().sample().map(|m| m.effective_total());
+                auto.max_lend_bytes.min(host.unwrap_or(0))
+            }
+        }
+    }
 }
 
 impl FromStr for LendMode {
@@ -179,6 +197,13 @@ mod tests {
                 proptest::prop_assert!(bytes <= MAX_BUDGET_BYTES as u64);
             }
         }
+    }
+
+    #[test]
+    fn the_most_a_mode_lends_is_its_size_or_at_most_the_host() {
+        assert_eq!(LendMode::Fixed(5 << 30).most_bytes(), 5 << 30);
+        let auto = AutoConfig { max_lend_bytes: 1 << 20, ..AutoConfig::default() };
+        assert!(LendMode::Auto(auto).most_bytes() <= 1 << 20);
     }
 
     #[test]

@@ -233,7 +233,9 @@ fn cluster_settings(
 pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     let settings = settings(args)?;
     // The budget starts at zero; the governor sizes it before the first client connects.
+    let most = usize::try_from(settings.lend.most_bytes()).unwrap_or(usize::MAX);
     let engine_config = EngineBuilder::new(0)
+        .budget_up_to(most)
         .policy(&settings.policy)
         .build()
         .with_context(|| format!("engine settings (policy {})", settings.policy))?;

@@ -96,7 +96,8 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     } else {
         Arc::new(FileStore::open_or_create(&image, size)?)
     };
-    let engine = Arc::new(Engine::new(EngineBuilder::new(0).build()?));
+    let most = usize::try_from(lend.most_bytes()).unwrap_or(usize::MAX);
+    let engine = Arc::new(Engine::new(EngineBuilder::new(0).budget_up_to(most).build()?));
     let governor = Governor::start(engine.clone(), &lend).context("lending governor")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .thread_name("fallow-up")
