@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use fallow_core::{DedupScope, PageKey, PageStore, PoolSpec, StoreError, PAGE_SIZE};
-use fallow_pool::{ConfigError, Engine, EngineBuilder};
+use fallow_pool::{ConfigError, Engine, EngineBuilder, MAX_SHARD_PAGES};
 
 use crate::trace::{PageAccess, TraceError};
 
@@ -25,6 +25,12 @@ pub enum ReplayError {
     /// A cache of zero pages was asked for.
     #[error("--cache-pages must be at least 1")]
     ZeroCache,
+    /// A cache larger than one index shard was asked for.
+    #[error(
+        "--cache-pages {0} is more than the {MAX_SHARD_PAGES} pages one index shard holds (a \
+         replay uses one shard, so that the eviction order is the policy's global order)"
+    )]
+    TooLarge(usize),
     /// A hit returned bytes of another page: an engine bug, reported rather than counted.
     #[error("engine returned the wrong page for page {0}")]
     WrongPage(u64),
@@ -56,6 +62,9 @@ where
 {
     if cache_pages == 0 {
         return Err(ReplayError::ZeroCache);
+    }
+    if cache_pages > MAX_SHARD_PAGES {
+        return Err(ReplayError::TooLarge(cache_pages));
     }
     let config = EngineBuilder::new(cache_pages * PAGE_SIZE)
         .shards(1)
@@ -131,6 +140,8 @@ mod tests {
     #[test]
     fn errors_are_reported_not_panicked() {
         assert!(matches!(replay(pages(&[1]), 0, "lru"), Err(ReplayError::ZeroCache)));
+        let too_large = replay(pages(&[1]), MAX_SHARD_PAGES + 1, "lru");
+        assert!(matches!(too_large, Err(ReplayError::TooLarge(n)) if n == MAX_SHARD_PAGES + 1));
         assert!(matches!(replay(pages(&[1]), 4, "nope"), Err(ReplayError::Config(_))));
     }
 

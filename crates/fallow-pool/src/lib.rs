@@ -53,6 +53,7 @@ mod zeroed;
 pub use arena::{FRAMES_PER_SEGMENT, SEGMENT_BYTES};
 pub use config::{ConfigError, EngineBuilder, EngineConfig, MAX_BUDGET_BYTES};
 pub use engine::Engine;
+pub use shard::MAX_PAGES as MAX_SHARD_PAGES;
 pub use stats::{BudgetReport, EngineStats, MemoryUsage, PoolStats};
 pub use store::ShrinkReport;
 pub use sweep::SweepReport;
