@@ -33,7 +33,7 @@
 //! (bounded by `SIM_PAGES` pages each).
 
 use super::{Eviction, Lirs, Lru, S3Fifo, SlotId};
-use crate::prehashed::PrehashedMap;
+use crate::id_table::{Folded, IdTable};
 
 /// Pages in each miniature simulation when the cache is larger: enough for a stable miss
 /// ratio (Waldspurger et al. found a few hundred to a few thousand sampled pages adequate;
@@ -70,7 +70,9 @@ fn expert(name: &str, capacity: usize) -> Box<dyn Eviction> {
 /// used by `s3fifo_lean.rs`, whose simulations differ in a parameter, not a policy).
 pub(super) struct MiniSim {
     policy: Box<dyn Eviction>,
-    slot_of: PrehashedMap<u64, SlotId>,
+    /// Its pages' slot ids by key hash: 4 bytes a slot at a load of 15/16 (a `HashMap` of
+    /// hash and id took ~34 bytes a page, half the simulations' memory).
+    slot_of: IdTable<Folded>,
     hash_of: Vec<u64>,
     free: Vec<SlotId>,
     capacity: usize,
@@ -85,9 +87,11 @@ impl MiniSim {
 
     /// A simulated cache of `capacity` pages run by `policy`.
     pub(super) fn with_policy(policy: Box<dyn Eviction>, capacity: usize) -> Self {
+        let mut slot_of = IdTable::default();
+        slot_of.expect(capacity + 1);
         Self {
             policy,
-            slot_of: PrehashedMap::with_capacity_and_hasher(capacity + 1, Default::default()),
+            slot_of,
             hash_of: Vec::with_capacity(capacity + 1),
             free: Vec::new(),
             capacity,
@@ -98,15 +102,17 @@ impl MiniSim {
 
     /// One sampled access: a hit touches, a miss is counted and inserted.
     pub(super) fn access(&mut self, hash: u64) {
-        if let Some(&id) = self.slot_of.get(&hash) {
+        let hash_of = &self.hash_of;
+        if let Some(id) = self.slot_of.find(hash, |id| hash_of[id as usize] == hash) {
             self.policy.touch(id, hash);
             return;
         }
         self.epoch_misses += 1;
         if self.slot_of.len() >= self.capacity {
             if let Some(victim) = self.policy.pop_victim() {
-                self.policy.evicted(self.hash_of[victim as usize]);
-                self.slot_of.remove(&self.hash_of[victim as usize]);
+                let gone = self.hash_of[victim as usize];
+                self.policy.evicted(gone);
+                self.slot_of.remove(gone, |id| id == victim);
                 self.free.push(victim);
             }
         }
@@ -120,7 +126,8 @@ impl MiniSim {
                 (self.hash_of.len() - 1) as SlotId
             }
         };
-        self.slot_of.insert(hash, id);
+        let hash_of = &self.hash_of;
+        self.slot_of.insert_unique(hash, id, |x| hash_of[x as usize]);
         self.policy.insert(id, hash);
     }
 
@@ -145,11 +152,12 @@ impl MiniSim {
         self.policy.validate();
         assert_eq!(self.policy.len(), self.slot_of.len(), "simulation lost track of its pages");
         assert!(self.slot_of.len() <= self.capacity, "simulation over its capacity");
+        self.slot_of.validate(|id| self.hash_of[id as usize]);
     }
 
     pub(super) fn heap_bytes(&self) -> usize {
         self.policy.heap_bytes()
-            + self.slot_of.capacity() * (std::mem::size_of::<(u64, SlotId)>() + 1)
+            + self.slot_of.heap_bytes()
             + self.hash_of.capacity() * 8
             + self.free.capacity() * 4
     }

@@ -51,9 +51,10 @@
 //! state byte per slot (queue: 2 bits, frequency: 2 bits; four bits spare) and the ghost
 //! filter, 1 byte per page of capacity. On top, per engine (not per shard, since
 //! 2026-11-22), the three simulations: at most 3 × 512 simulated pages with their links,
-//! state, filters and key maps, ≈ 120 KiB whatever the capacity (≈ 1.9 B per page of a
-//! 256 MiB engine; it was 15 B with a set per shard). `heap_bytes` reports the policy's
-//! own part and its share of the simulations.
+//! state, filters and key maps, 38 KiB whatever the capacity (0.6 B per page of a 256 MiB
+//! engine; 70 KiB until 2026-11-23, when the key maps were `HashMap`s, and 15 B a page
+//! with a set per shard). `heap_bytes` reports the policy's own part and its share of the
+//! simulations.
 
 use std::sync::Arc;
 
