@@ -178,9 +178,11 @@ pub struct PoolTable {
     pools: HashMap<PoolId, Entry>,
     by_uuid: HashMap<u128, PoolId>,
     next_id: u32,
-    /// The trust domain of every checksum mask a pool has used, kept for the engine's
-    /// life (a domain's pages may outlive its pools until they are swept).
-    masks: HashMap<u32, TrustDomain>,
+    /// The trust domain of each checksum mask that live pools use, and how many use it.
+    /// A domain leaves when its last pool is destroyed and its pages swept
+    /// ([`PoolTable::release_domain`]), so that creating and destroying pools of ever new
+    /// domains does not grow it.
+    masks: HashMap<u32, (TrustDomain, usize)>,
 }
 
 impl PoolTable {
@@ -237,13 +239,15 @@ impl PoolTable {
 
     /// The scope a new pool with `scope` dedups in. Pages of two domains are kept apart by
     /// their checksum masks (`fallow_core::content::stored_checksum`); two domains whose
-    /// 32-bit masks are equal (a chance of 2⁻³² for a pair) could share pages, so the
-    /// second domain's pools do not dedup on this engine. Their pages are stored and read
-    /// as usual.
+    /// 32-bit masks are equal (a chance of 2⁻³² for a pair) could share pages, so while a
+    /// domain has live pools, pools of another domain with its mask do not dedup on this
+    /// engine. Their pages are stored and read as usual.
     fn dedup_scope(&mut self, scope: DedupScope) -> DedupScope {
         let DedupScope::Domain(domain) = scope else { return scope };
-        let first = *self.masks.entry(domain_mask(scope)).or_insert(domain);
+        let (first, pools) = self.masks.entry(domain_mask(scope)).or_insert((domain, 0));
+        let first = *first;
         if first == domain {
+            *pools += 1;
             return scope;
         }
         tracing::warn!(
@@ -255,6 +259,20 @@ impl PoolTable {
             first.0
         );
         DedupScope::Off
+    }
+
+    /// Forgets one destroyed pool of `scope` (its [`PoolState::dedup`]), once its pages are
+    /// swept: the domain's mask is free again when no live pool uses it.
+    pub fn release_domain(&mut self, scope: DedupScope) {
+        let DedupScope::Domain(domain) = scope else { return };
+        let mask = domain_mask(scope);
+        if let Some((owner, pools)) = self.masks.get_mut(&mask) {
+            debug_assert_eq!(*owner, domain, "a pool of a domain that does not own its mask");
+            *pools -= 1;
+            if *pools == 0 {
+                self.masks.remove(&mask);
+            }
+        }
     }
 
     /// Detaches one user. Returns the pool's state when this was the last user: the pool
@@ -342,5 +360,29 @@ mod tests {
         assert_eq!(b.dedup, DedupScope::Off);
         assert_eq!((a.mask, b.mask), (domain_mask(a.dedup), 0));
         assert_eq!(b.spec.dedup, DedupScope::Domain(second), "the spec is as asked");
+    }
+
+    #[test]
+    fn a_mask_is_free_again_once_its_domains_last_pool_is_gone() {
+        let (first, second) = colliding_domains();
+        let mut table = PoolTable::default();
+        let spec = |domain| PoolSpec { dedup: DedupScope::Domain(domain), ..PoolSpec::ephemeral() };
+        let destroy = |table: &mut PoolTable, id| {
+            let state = table.detach(id).unwrap().expect("the last user");
+            table.release_domain(state.dedup);
+        };
+        let a = table.create(&spec(first)).unwrap();
+        let a2 = table.create(&spec(first)).unwrap();
+        let b = table.create(&spec(second)).unwrap();
+        assert_eq!(table.get(b).unwrap().dedup, DedupScope::Off);
+        destroy(&mut table, b);
+        destroy(&mut table, a);
+        let b = table.create(&spec(second)).unwrap();
+        assert_eq!(table.get(b).unwrap().dedup, DedupScope::Off, "the first domain has a pool");
+        destroy(&mut table, a2);
+        destroy(&mut table, b);
+        assert!(table.masks.is_empty(), "{:?}", table.masks);
+        let b = table.create(&spec(second)).unwrap();
+        assert_eq!(table.get(b).unwrap().dedup, DedupScope::Domain(second));
     }
 }

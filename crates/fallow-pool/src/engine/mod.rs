@@ -391,6 +391,7 @@ impl Inner {
         };
         if let Some(state) = last {
             let removed = self.invalidate_pages(id, &state.counters, None);
+            self.pools.write().release_domain(state.dedup);
             tracing::debug!(pool = id.0, removed, "pool destroyed");
         }
         Ok(())
