@@ -21,7 +21,8 @@ pub enum TraceCommand {
     Replay {
         #[command(flatten)]
         input: TraceInput,
-        /// Cache size, in 4 KiB pages.
+        /// Cache size, in 4 KiB pages (at most 16,777,215: one index shard, so that the
+        /// eviction order is the policy's global order).
         #[arg(long)]
         cache_pages: usize,
         /// Eviction policy.
