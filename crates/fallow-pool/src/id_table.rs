@@ -13,7 +13,8 @@
 //!
 //! The scheme is bucketized cuckoo hashing. Buckets are groups of eight: eight control
 //! bytes (the hash's low 7 bits and a FULL bit, or zero when empty), probed as one `u64`
-//! (SWAR), beside eight ids. A hash has two candidate groups, picked by multiplying two
+//! (SWAR), beside eight ids ([`Separate`]), or each in the top byte of its id when ids
+//! have 24 bits ([`Folded`], the shard's index). A hash has two candidate groups, picked by multiplying two
 //! remixes of it by the group count (`(h × groups) >> 64`, which works for any count). An
 //! id is in one of its two groups, or, rarely, in a small stash. Lookups read the first
 //! group and then the second; a removal just clears the byte (no tombstones); an insert
