@@ -35,9 +35,9 @@ use fills::Fills;
 use spans::{position, SpanRef, Spans, NIL, RUN_BITS};
 
 /// The most pages one shard holds, 2²⁴ − 1 (64 GiB of distinct pages): slot ids must fit
-/// the policies' 24-bit links ([`crate::eviction::list::NARROW_MAX_ID`]), and each page
-/// may need a span of its own (span ids have 26 bits, [`spans::MAX_SPANS`]). The engine
-/// caps a shard's entries below it, and picks enough shards for its budget
+/// the policies' 24-bit links (`eviction::list::NARROW_MAX_ID`), and each page may need a
+/// span of its own (span ids have 26 bits, `spans::MAX_SPANS`). The engine caps a shard's
+/// entries below it, and picks enough shards for its budget
 /// ([`crate::EngineBuilder::build`]).
 pub const MAX_PAGES: usize = {
     let links = crate::eviction::list::NARROW_MAX_ID as usize + 1;
