@@ -23,9 +23,9 @@
 //!   and Optimization using Miniature Simulations", USENIX ATC'17; Caffeine's simulator
 //!   sizes W-TinyLFU's window the same way in its `MiniSimClimber`, by Ohad Eytan, one of
 //!   the authors of "Adaptive Software Cache Management", Middleware'18):
-//!   three simulated caches of at most 512 pages run this policy with a fixed
-//!   share of 1 %, 10 % (the paper's) and 100 % (LRU), one decade apart, on a hash-sampled
-//!   share of the accesses; at the end of every epoch the live share moves to a simulation
+//!   three simulated caches of at most 1024 pages (`adaptive::SIM_PAGES`) run this policy
+//!   with a fixed share of 1 %, 10 % (the paper's) and 100 % (LRU), one decade apart, on a
+//!   hash-sampled share of the accesses; at the end of every epoch the live share moves to a simulation
 //!   that has missed less than it, once that lead is consistent over the epochs rather than
 //!   won in one burst (`share_chooser.rs`, "When the live share follows"). The live policy
 //!   starts at 10 %. Changing the share reshapes nothing at once: the queues drift to
@@ -50,10 +50,10 @@
 //! 6 B) are what the engine's index slot would hold; beyond them the policy keeps **2 B**: one
 //! state byte per slot (queue: 2 bits, frequency: 2 bits; four bits spare) and the ghost
 //! filter, 1 byte per page of capacity. On top, per engine (not per shard, since
-//! 2026-11-22), the three simulations: at most 3 × 512 simulated pages with their links,
-//! state, filters and key maps, 38 KiB whatever the capacity (0.6 B per page of a 256 MiB
-//! engine; 70 KiB until 2026-11-23, when the key maps were `HashMap`s, and 15 B a page
-//! with a set per shard). `heap_bytes` reports the policy's own part and its share of the
+//! 2026-11-22), the three simulations: at most 3 × 1024 simulated pages with their links,
+//! state, filters and key maps, ~69 KiB whatever the capacity (1.1 B per page of a
+//! 256 MiB engine; 512 pages a simulation took 70 KiB while the key maps were `HashMap`s,
+//! 38 KiB after, and 15 B a page with a set per shard). `heap_bytes` reports the policy's own part and its share of the
 //! simulations.
 
 use std::sync::Arc;
