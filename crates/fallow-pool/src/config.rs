@@ -131,6 +131,9 @@ impl EngineBuilder {
 
     /// Checks the configuration.
     pub fn build(self) -> Result<EngineConfig, ConfigError> {
+        if self.budget_bytes > MAX_BUDGET_BYTES {
+            return Err(ConfigError::BudgetTooLarge(self.budget_bytes));
+        }
         // A shard indexes at most `MAX_PAGES` pages (its slot ids fit 24-bit links).
         let shards_for = |bytes: usize| {
             let pages = bytes.min(MAX_BUDGET_BYTES) / fallow_core::PAGE_SIZE;
@@ -145,7 +148,7 @@ impl EngineBuilder {
         if !shards.is_power_of_two() || shards > 1024 {
             return Err(ConfigError::BadShardCount(shards));
         }
-        if shards < needed && self.budget_bytes <= MAX_BUDGET_BYTES {
+        if shards < needed {
             let max = shards * crate::shard::MAX_PAGES;
             return Err(ConfigError::TooFewShards {
                 shards,
@@ -161,9 +164,6 @@ impl EngineBuilder {
             .ok_or(ConfigError::UnknownPolicy(self.policy))?;
         if self.entries_per_frame == 0 {
             return Err(ConfigError::BadEntriesPerFrame);
-        }
-        if self.budget_bytes > MAX_BUDGET_BYTES {
-            return Err(ConfigError::BudgetTooLarge(self.budget_bytes));
         }
         Ok(EngineConfig {
             budget_bytes: self.budget_bytes,
@@ -213,6 +213,11 @@ mod tests {
         );
         assert_eq!(
             EngineBuilder::new(MAX_BUDGET_BYTES + PAGE_SIZE).build().unwrap_err(),
+            ConfigError::BudgetTooLarge(MAX_BUDGET_BYTES + PAGE_SIZE)
+        );
+        // Too large says so, whatever the shards.
+        assert_eq!(
+            EngineBuilder::new(MAX_BUDGET_BYTES + PAGE_SIZE).shards(1).build().unwrap_err(),
             ConfigError::BudgetTooLarge(MAX_BUDGET_BYTES + PAGE_SIZE)
         );
         assert!(EngineBuilder::new(1 << 20).policy("fifo-ish").build().is_err());
