@@ -40,7 +40,7 @@ use crate::id_table::{Folded, IdTable};
 /// 512 until session 13: under `s3fifo-lean`'s rule of following only a consistent lead,
 /// more samples decide sooner, and on the shared traces (seeds 0–3) 1024 pages fail
 /// criterion 1 on 2–3 rows instead of 4–5 (2048: 1–2), criterion 3 on 8 instead of 8–9,
-/// with the same mean. Each doubling costs ~38 KiB an engine (since the simulations' key
+/// with the same mean. Each doubling costs ~37 KiB an engine (since the simulations' key
 /// maps became id tables), 0.6 B a page at 256 MiB: 1024 keeps a filled 256 MiB cache
 /// within 32 B a page, 2048 would not (RFC 0001, "Session 13").
 pub(super) const SIM_PAGES: usize = 1024;
