@@ -292,6 +292,19 @@ impl PoolTable {
     }
 }
 
+/// Two domains whose 32-bit checksum masks are equal, found by a birthday search: for
+/// tests of what the engine does with them.
+#[cfg(test)]
+pub(crate) fn colliding_domains() -> (TrustDomain, TrustDomain) {
+    let mut seen = HashMap::new();
+    (0u64..)
+        .find_map(|d| {
+            let mask = domain_mask(DedupScope::Domain(TrustDomain(d)));
+            seen.insert(mask, d).map(|first| (TrustDomain(first), TrustDomain(d)))
+        })
+        .expect("a collision within 2^32 domains")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -330,17 +343,6 @@ mod tests {
         assert!(find(&snapshot.load(), id).is_err(), "gone after the next publish");
         // A snapshot loaded before still has it (an operation in flight finishes with it).
         assert!(!find(&pinned, id).unwrap().alive.load(Relaxed), "but marked dead");
-    }
-
-    /// Two domains whose 32-bit checksum masks are equal, found by a birthday search.
-    fn colliding_domains() -> (TrustDomain, TrustDomain) {
-        let mut seen = HashMap::new();
-        (0u64..)
-            .find_map(|d| {
-                let mask = domain_mask(DedupScope::Domain(TrustDomain(d)));
-                seen.insert(mask, d).map(|first| (TrustDomain(first), TrustDomain(d)))
-            })
-            .expect("a collision within 2^32 domains")
     }
 
     #[test]

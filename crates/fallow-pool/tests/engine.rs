@@ -92,36 +92,6 @@ fn dedup_never_crosses_trust_domains_or_pools_with_dedup_off() {
     e.validate();
 }
 
-/// Two trust domains whose 32-bit checksum masks are equal, found by a birthday search.
-fn domains_with_one_mask() -> (TrustDomain, TrustDomain) {
-    let mut seen = std::collections::HashMap::new();
-    (0u64..)
-        .find_map(|d| {
-            let mask = fallow_core::content::domain_mask(DedupScope::Domain(TrustDomain(d)));
-            seen.insert(mask, d).map(|first| (TrustDomain(first), TrustDomain(d)))
-        })
-        .expect("a collision within 2^32 domains")
-}
-
-#[test]
-fn dedup_never_crosses_trust_domains_whose_checksum_masks_collide() {
-    // A page is found for dedup by its checksum masked by its domain: two domains with one
-    // mask would share pages, so the second one's pools store theirs without dedup.
-    let (first, second) = domains_with_one_mask();
-    let e = engine(64);
-    let spec = |domain| PoolSpec::persistent().dedup(DedupScope::Domain(domain));
-    let pools = [spec(first), spec(second), spec(second), spec(first)]
-        .map(|spec| e.create_pool(&spec).unwrap());
-    for pool in pools {
-        assert_eq!(e.put(PageKey::new(pool, 0, 0), &page(3)).unwrap(), PutOutcome::Stored);
-    }
-    assert_eq!(e.stats().contents, 3, "only the first domain's two pools share");
-    for pool in pools {
-        assert_eq!(get(&e, PageKey::new(pool, 0, 0)), Some(page(3)));
-    }
-    e.validate();
-}
-
 #[test]
 fn zero_and_same_filled_pages_cost_no_frame() {
     let e = engine(64);

@@ -514,6 +514,31 @@ mod tests {
     }
 
     #[test]
+    fn dedup_never_crosses_trust_domains_whose_checksum_masks_collide() {
+        // A page is found for dedup by its checksum masked by its domain: two domains with
+        // one mask would share pages, so the second one's pools store theirs without dedup.
+        use fallow_core::{DedupScope, PoolSpec, PutOutcome};
+        let (first, second) = crate::pools::colliding_domains();
+        let e = Engine::new(
+            EngineBuilder::new(64 * PAGE_SIZE).compress_interval(None).build().unwrap(),
+        );
+        let spec = |domain| PoolSpec::persistent().dedup(DedupScope::Domain(domain));
+        let pools = [spec(first), spec(second), spec(second), spec(first)]
+            .map(|spec| e.create_pool(&spec).unwrap());
+        let page: Vec<u8> = (0..PAGE_SIZE).map(|i| (i % 251) as u8).collect();
+        for pool in pools {
+            assert_eq!(e.put(PageKey::new(pool, 0, 0), &page).unwrap(), PutOutcome::Stored);
+        }
+        assert_eq!(e.stats().contents, 3, "only the first domain's two pools share");
+        let mut out = vec![0u8; PAGE_SIZE];
+        for pool in pools {
+            assert!(e.get(PageKey::new(pool, 0, 0), &mut out).unwrap().is_hit());
+            assert_eq!(out, page);
+        }
+        e.validate();
+    }
+
+    #[test]
     fn runs_spread_over_every_shard_and_a_runs_pages_share_one() {
         let e = Engine::new(EngineBuilder::new(1 << 20).shards(8).build().unwrap());
         let shard_of = |object, index| e.inner().shard_of(&PageKey::new(PoolId(0), object, index));

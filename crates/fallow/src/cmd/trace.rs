@@ -176,3 +176,12 @@ fn sweep(input: &TraceInput, sizes: &Sizes, policies: &[String], json: bool) -> 
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_help_gives_the_most_pages_a_replay_takes() {
+        // `--cache-pages`' help writes the number out; it must follow the constant.
+        assert_eq!(fallow_pool::MAX_SHARD_PAGES, 16_777_215, "update --cache-pages' help");
+    }
+}
