@@ -78,7 +78,8 @@ impl Store {
         self.meta.start(new, self.meta.flags(id));
         if self.meta.has(id, HASHED) {
             let key = self.contents[id].key();
-            if !self.dedup.replace(key, |i| i == id, new) {
+            let contents = &self.contents;
+            if !self.dedup.replace(key, id, new, |i| contents[i].key()) {
                 // Not the table's entry for its hash (an identical page took it): neither is
                 // the new id.
                 self.meta.clear(new, HASHED);

@@ -41,6 +41,7 @@ mod blobs;
 mod by_id;
 mod chunked;
 mod compress;
+mod dedup_table;
 mod meta;
 mod places;
 mod shrink;
@@ -48,14 +49,10 @@ mod shrink;
 use blobs::Blobs;
 use by_id::{ById, VIRTUAL_BASE};
 pub use compress::Compression;
+use dedup_table::DedupTable;
 use meta::{Meta, HASHED, LIVE, PINNED};
 use places::Exceptions;
 pub use shrink::ShrinkReport;
-
-/// Content ids, found by their stored checksum: the table stores 4 bytes per entry, the
-/// checksum itself lives in the content (its key, below, is the table's hash). Told to expect
-/// one entry per frame of the budget ([`Store::set_budget`]), as the content array is.
-type DedupTable = crate::id_table::IdTable;
 
 /// A stored page's bytes, shared by every index entry with the same content.
 pub type ContentId = u32;
@@ -372,7 +369,7 @@ impl Store {
             Some(old) if !self.is_live(old) => {
                 // The old content keeps its HASHED flag but is no longer the entry, so its
                 // release will not remove ours.
-                self.dedup.replace(key, |i| i == old, id);
+                self.dedup.replace(key, old, id, |i| contents[i].key());
             }
             Some(_) => return,
         }
@@ -545,7 +542,7 @@ impl Store {
     fn unhash(&mut self, id: ContentId) {
         if self.meta.has(id, HASHED) {
             self.meta.clear(id, HASHED);
-            self.dedup.remove(self.contents[id].key(), |i| i == id);
+            self.dedup.remove(self.contents[id].key(), id);
         }
     }
 
