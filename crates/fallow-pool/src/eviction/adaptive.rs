@@ -40,9 +40,8 @@ use crate::id_table::{Folded, IdTable};
 /// 512 until session 13: under `s3fifo-lean`'s rule of following only a consistent lead,
 /// more samples decide sooner, and on the shared traces (seeds 0–3) 1024 pages fail
 /// criterion 1 on 2–3 rows instead of 4–5 (2048: 1–2), criterion 3 on 8 instead of 8–9,
-/// with the same mean. Each doubling costs ~37 KiB an engine (since the simulations' key
-/// maps became id tables), 0.6 B a page at 256 MiB: 1024 keeps a filled 256 MiB cache
-/// within 32 B a page, 2048 would not (RFC 0001, "Session 13").
+/// with the same mean. Each doubling costs ~25 KiB an engine (since session 14), 0.4 B a
+/// page at 256 MiB (RFC 0001, "Session 13" and "Session 14").
 pub(super) const SIM_PAGES: usize = 1024;
 /// The first epoch is `MIN_EPOCH` sampled accesses; each next one is twice as long, up to
 /// a simulated cache's worth, so an obvious winner takes over early while later decisions
@@ -78,7 +77,8 @@ pub(super) struct MiniSim {
     /// Its pages' slot ids by key hash: 4 bytes a slot at a load of 15/16 (a `HashMap` of
     /// hash and id took ~34 bytes a page, half the simulations' memory).
     slot_of: IdTable<Folded>,
-    hash_of: Vec<u64>,
+    /// Each slot's key, folded to 32 bits ([`sim_key`]).
+    key_of: Vec<u32>,
     free: Vec<SlotId>,
     capacity: usize,
     epoch_misses: u64,
@@ -97,7 +97,7 @@ impl MiniSim {
         Self {
             policy,
             slot_of,
-            hash_of: Vec::with_capacity(capacity + 1),
+            key_of: Vec::with_capacity(capacity + 1),
             free: Vec::new(),
             capacity,
             epoch_misses: 0,
@@ -107,15 +107,20 @@ impl MiniSim {
 
     /// One sampled access: a hit touches, a miss is counted and inserted.
     pub(super) fn access(&mut self, hash: u64) {
-        let hash_of = &self.hash_of;
-        if let Some(id) = self.slot_of.find(hash, |id| hash_of[id as usize] == hash) {
+        let key = sim_key(hash);
+        // The simulation knows its pages by their 32-bit keys, and hands the policy (its
+        // ghost) the same remix of them that its map uses, so that an evicted page's hash
+        // is known without keeping 64 bits a page.
+        let hash = key_hash(key);
+        let key_of = &self.key_of;
+        if let Some(id) = self.slot_of.find(hash, |id| key_of[id as usize] == key) {
             self.policy.touch(id, hash);
             return;
         }
         self.epoch_misses += 1;
         if self.slot_of.len() >= self.capacity {
             if let Some(victim) = self.policy.pop_victim() {
-                let gone = self.hash_of[victim as usize];
+                let gone = key_hash(self.key_of[victim as usize]);
                 self.policy.evicted(gone);
                 self.slot_of.remove(gone, |id| id == victim);
                 self.free.push(victim);
@@ -123,16 +128,16 @@ impl MiniSim {
         }
         let id = match self.free.pop() {
             Some(id) => {
-                self.hash_of[id as usize] = hash;
+                self.key_of[id as usize] = key;
                 id
             }
             None => {
-                self.hash_of.push(hash);
-                (self.hash_of.len() - 1) as SlotId
+                self.key_of.push(key);
+                (self.key_of.len() - 1) as SlotId
             }
         };
-        let hash_of = &self.hash_of;
-        self.slot_of.insert_unique(hash, id, |x| hash_of[x as usize]);
+        let key_of = &self.key_of;
+        self.slot_of.insert_unique(hash, id, |x| key_hash(key_of[x as usize]));
         self.policy.insert(id, hash);
     }
 
@@ -157,15 +162,27 @@ impl MiniSim {
         self.policy.validate();
         assert_eq!(self.policy.len(), self.slot_of.len(), "simulation lost track of its pages");
         assert!(self.slot_of.len() <= self.capacity, "simulation over its capacity");
-        self.slot_of.validate(|id| self.hash_of[id as usize]);
+        self.slot_of.validate(|id| key_hash(self.key_of[id as usize]));
     }
 
     pub(super) fn heap_bytes(&self) -> usize {
         self.policy.heap_bytes()
             + self.slot_of.heap_bytes()
-            + self.hash_of.capacity() * 8
+            + self.key_of.capacity() * 4
             + self.free.capacity() * 4
     }
+}
+
+/// A sampled key's 64-bit hash folded to the 32 bits a simulation keeps of it: two keys
+/// of one simulation's ~1000 pages share them once in ~4 million (a hit counted that was
+/// a miss), and a 64-bit hash a page would cost ~12 KiB an engine more.
+fn sim_key(hash: u64) -> u32 {
+    (hash ^ (hash >> 32)) as u32
+}
+
+/// The hash a simulation files its key under, and hands its policy.
+fn key_hash(key: u32) -> u64 {
+    crate::shard::mix64(u64::from(key))
 }
 
 /// Experts led by whichever miniature simulation misses least.
@@ -324,6 +341,26 @@ impl Eviction for Adaptive {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_simulation_fed_a_sample_keeps_its_key_map_at_its_size() {
+        // A sample is the keys whose remixed high bits are small (`sampled`): 1 in 64 here.
+        // Filed under those same hashes, they all had their first group among the table's
+        // first few, and the map grew to twice its size (session 14).
+        let hashes = (0u64..).map(|k| xxhash_rust::xxh3::xxh3_64(&k.to_le_bytes()));
+        let sampled = hashes.filter(|h| (h.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) < 1 << 26);
+        let mut sim = MiniSim::new("lru", 1024);
+        for hash in sampled.take(20_000) {
+            sim.access(hash);
+        }
+        sim.validate();
+        let mut expected = IdTable::<Folded>::default();
+        expected.expect(1025);
+        for id in 0..1024 {
+            expected.insert_unique(key_hash(id), id, key_hash);
+        }
+        assert_eq!(sim.slot_of.heap_bytes(), expected.heap_bytes());
+    }
 
     fn run(policy: &mut Adaptive, trace: impl Iterator<Item = u64>, capacity: usize) -> f64 {
         let mut slot_of = std::collections::HashMap::new();
