@@ -33,23 +33,24 @@
 //!   expert but not free (a cache that was LRU enters 1 % with an empty main queue), which
 //!   is why a lead must be consistent before it is followed. One set of simulations serves
 //!   every shard of an engine (`share_chooser.rs`).
-//! * **The ghost is a filter.** As in the paper, it remembers the pages that left the small
+//! * **The ghost keeps fingerprints.** As in the paper, it remembers the pages that left the small
 //!   queue without being promoted, `0.9 × capacity` of them, and a page inserted again
 //!   while remembered goes straight to main. The policy keeps no hash per page (that
 //!   would cost 4–8 bytes): the engine, which knows the victim's key, hands its hash back
-//!   right after `pop_victim` (`Eviction::evicted`). The hashes go into a pair of blocked
-//!   Bloom filters that each cover half the ghost's length and are cleared in turn, so a
-//!   page is remembered for the last 0.45–0.9 × capacity such evictions, and a false
-//!   positive (~4 %) admits a page to main early. (Until 2026-11-22 the filter took the
-//!   hash of every insertion instead, for want of the victim's: 34 rows of the shared
-//!   traces got better with the real ghost and 23 worse, criterion 1 failed on 3 rows
-//!   instead of 4 with its worst row at +0.010 instead of +0.019, criterion 3 on 8
-//!   instead of 9.)
+//!   right after `pop_victim` (`Eviction::evicted`). The ghost keeps an 8-bit fingerprint
+//!   of each hash in buckets of four ([`GhostBuckets`]): a bucket forgets its oldest
+//!   fingerprint when a fifth key lands in it, so a page is remembered for the last
+//!   `0.9 × capacity` such evictions on average, as in the paper, in 0.9 bytes per page;
+//!   a false positive (≤ 1.6 %) admits a page to main early. (Until session 14 a pair of
+//!   Bloom filters in 1 byte per page remembered the last 0.45–0.9 × capacity evictions,
+//!   with ~4 % false positives; the buckets' longer reach made 30 rows of the shared
+//!   traces better and 10 worse. Until 2026-11-22 the filter took the hash of every
+//!   insertion instead, for want of the victim's.)
 //!
 //! Bytes per page, counted as Caffeine counts its nodes: the queue links (two 24-bit ids,
 //! 6 B) are what the engine's index slot would hold; beyond them the policy keeps **2 B**: one
-//! state byte per slot (queue: 2 bits, frequency: 2 bits; four bits spare) and the ghost
-//! filter, 1 byte per page of capacity. On top, per engine (not per shard, since
+//! state byte per slot (queue: 2 bits, frequency: 2 bits; four bits spare) and the
+//! ghost, 0.9 bytes per page of capacity. On top, per engine (not per shard, since
 //! 2026-11-22), the three simulations: at most 3 × 1024 simulated pages with their links,
 //! state, filters, 32-bit keys and key maps, 49 KiB whatever the capacity (0.8 B per
 //! page of a 256 MiB engine; 74 KiB until session 14, when the key maps stopped filing the
@@ -68,101 +69,85 @@ use super::{Eviction, SlotId};
 /// sizes the ghost like the main queue, 90 %).
 const GHOST_SHARE: f64 = 0.9;
 
-/// Generations of the ghost filter: the newest takes insertions; when it has taken half
-/// the ghost's length, the older one is cleared and takes the next (a rotating pair, the
-/// usual way to age a Bloom filter). More generations age more smoothly but are all
-/// probed, and their false positives add up: with four, ~8 %, which admitted enough
-/// scanned pages to main to lose on the loop and scan traces.
-const GENERATIONS: usize = 2;
-/// Filter bits per page of capacity, over all generations: 1 byte.
-const FILTER_BITS_PER_PAGE: usize = 8;
-/// Bits set per key in its 64-bit block: optimal for the ~9 bits per remembered key that
-/// the byte per page gives (`ln 2 × 8.9 ≈ 6`); ~2.5 % false positives per generation.
-const BITS_PER_KEY: u32 = 6;
+/// Fingerprints a bucket of the ghost keeps: four bytes of a `u32`.
+const BUCKET_KEYS: usize = 4;
 
-/// The hashes of the last `len` insertions, approximately: a ring of blocked Bloom filters.
-/// A key is one 64-bit block per generation with [`BITS_PER_KEY`] bits set, so a lookup
-/// reads one word per generation. No false negatives for the newest `len / 2` keys; keys
-/// older than `len` insertions are forgotten.
+/// The hashes of about the last `len` pages that left the small queue unpromoted, as 8-bit
+/// fingerprints in buckets of [`BUCKET_KEYS`] (`len / 4` buckets of a `u32`: a byte per
+/// remembered page). A hash picks a bucket and a fingerprint from bits apart from those
+/// that chose its shard and the simulations' sample; an insertion shifts the bucket's
+/// bytes up by one and puts the fingerprint in the lowest, so the oldest of the four falls
+/// out. A key is thus forgotten after four more keys landed in its bucket: `len`
+/// insertions later on average (spread like a sum of four exponentials, so some sooner,
+/// some later), the FIFO ghost of the paper in expectation. A lookup compares the
+/// fingerprint with the bucket's four bytes at once; a key never inserted matches with
+/// probability at most 4/255. Keys are not removed on a hit (a stale fingerprint costs
+/// nothing but its byte: an exact ghost that forgot a key once found did the same on the
+/// shared traces, RFC 0001 "Session 12").
 ///
-/// The bits are allocated at the first insertion, not when sized: a cache that never
+/// Why buckets of four: the fewer fingerprints a bucket holds, the fewer false positives
+/// (k/255) but the more random a key's stay; on the shared traces (sample seeds 0–1),
+/// buckets of 8 / 4 / 2 / 1 failed criterion 1 on 3 / 4 / 4–5 / 7 rows and criterion 3 on
+/// 7 / 5 / 5 / 6, with a mean reduction of 10.8 / 11.0 / 11.0 / 11.0 %.
+///
+/// The buckets are allocated at the first insertion, not when sized: a cache that never
 /// evicts from its small queue (a persistent pool's shard, a cache not yet full) has
 /// nothing to remember and pays nothing for it.
 #[derive(Debug, Default)]
-struct RecentFilter {
-    /// `GENERATIONS` filters of `words` words each, back to back; empty until the first
-    /// insertion.
-    bits: Vec<u64>,
-    words: usize,
-    /// The generation taking insertions.
-    newest: usize,
-    /// Insertions into the newest generation so far, and per generation at most.
+struct GhostBuckets {
+    /// Empty until the first insertion; then `len / 4` buckets, rounded up.
+    buckets: Vec<u32>,
+    /// Buckets once allocated.
     count: usize,
-    span: usize,
 }
 
-impl RecentFilter {
-    /// Sizes the filter to remember about `len` insertions in `FILTER_BITS_PER_PAGE ×
-    /// capacity` bits. A new size starts empty (a budget change, not a hot path).
-    fn set_capacity(&mut self, capacity: usize, len: usize) {
-        let words = (capacity * FILTER_BITS_PER_PAGE).div_ceil(64 * GENERATIONS).max(1);
-        if words != self.words {
-            self.words = words;
-            self.bits = Vec::new();
-            self.newest = 0;
-            self.count = 0;
+impl GhostBuckets {
+    /// Sizes the ghost to remember about `len` keys. A new size starts empty (a budget
+    /// change, not a hot path).
+    fn set_len(&mut self, len: usize) {
+        let count = len.div_ceil(BUCKET_KEYS).max(1);
+        if count != self.count {
+            self.count = count;
+            self.buckets = Vec::new();
         }
-        // The newest generation fills while the older one (half of `len`) answers too.
-        self.span = len.div_ceil(GENERATIONS).max(1);
-        self.count = self.count.min(self.span);
     }
 
-    /// The block index and the bit mask of `hash` (remixed: independent of the bits that
-    /// chose the shard and the simulations' sample).
-    fn locate(&self, hash: u64) -> (usize, u64) {
+    /// The bucket and the fingerprint (never 0, the empty byte) of `hash`.
+    fn locate(&self, hash: u64) -> (usize, u32) {
         let h = hash.wrapping_mul(0xd6e8_feb8_6659_fd93);
-        let block = ((u128::from(h) * self.words as u128) >> 64) as usize;
-        let mut mask = 0u64;
-        let mut bits = hash.rotate_left(21).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        for _ in 0..BITS_PER_KEY {
-            mask |= 1 << (bits & 63);
-            bits >>= 6;
-        }
-        (block, mask)
+        let bucket = ((u128::from(h) * self.count as u128) >> 64) as usize;
+        let fingerprint = (hash.rotate_left(21).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as u32;
+        (bucket, fingerprint.max(1))
     }
 
     fn insert(&mut self, hash: u64) {
-        if self.bits.is_empty() {
-            self.bits = vec![0; self.words * GENERATIONS];
+        if self.buckets.is_empty() {
+            self.buckets = vec![0; self.count];
         }
-        if self.count >= self.span {
-            // Age: the oldest generation is cleared and takes the next insertions.
-            self.newest = (self.newest + 1) % GENERATIONS;
-            let start = self.newest * self.words;
-            self.bits[start..start + self.words].iter_mut().for_each(|w| *w = 0);
-            self.count = 0;
-        }
-        let (block, mask) = self.locate(hash);
-        self.bits[self.newest * self.words + block] |= mask;
-        self.count += 1;
+        let (bucket, fingerprint) = self.locate(hash);
+        let b = &mut self.buckets[bucket];
+        *b = (*b << 8) | fingerprint;
     }
 
     fn contains(&self, hash: u64) -> bool {
-        if self.bits.is_empty() {
+        if self.buckets.is_empty() {
             return false;
         }
-        let (block, mask) = self.locate(hash);
-        (0..GENERATIONS).any(|g| self.bits[g * self.words + block] & mask == mask)
+        let (bucket, fingerprint) = self.locate(hash);
+        // A zero byte in `x` is a match: the classic test for one, exact (no borrow
+        // between bytes).
+        let x = self.buckets[bucket] ^ fingerprint.wrapping_mul(0x0101_0101);
+        const LOW7: u32 = 0x7f7f_7f7f;
+        !((x & LOW7).wrapping_add(LOW7) | x | LOW7) != 0
     }
 
     fn heap_bytes(&self) -> usize {
-        self.bits.capacity() * 8
+        self.buckets.capacity() * std::mem::size_of::<u32>()
     }
 
     fn validate(&self) {
-        let len = self.bits.len();
-        assert!(len == 0 || len == self.words * GENERATIONS, "ghost filter size drifted");
-        assert!(self.newest < GENERATIONS && self.count <= self.span, "ghost filter ring");
+        let len = self.buckets.len();
+        assert!(len == 0 || len == self.count, "ghost size drifted");
     }
 }
 
@@ -171,7 +156,7 @@ impl RecentFilter {
 #[derive(Debug)]
 pub(super) struct FixedShare {
     queues: Queues,
-    ghost: RecentFilter,
+    ghost: GhostBuckets,
     capacity: usize,
     share: f64,
     small_target: usize,
@@ -184,7 +169,7 @@ impl FixedShare {
     pub(super) fn new(capacity: usize, share: f64) -> Self {
         let mut s = Self {
             queues: Queues::default(),
-            ghost: RecentFilter::default(),
+            ghost: GhostBuckets::default(),
             capacity: 0,
             share,
             small_target: 1,
@@ -219,7 +204,7 @@ impl Eviction for FixedShare {
         self.capacity = pages.max(1);
         self.queues.expect(self.capacity);
         let ghost = ((self.capacity as f64 * GHOST_SHARE) as usize).max(1);
-        self.ghost.set_capacity(self.capacity, ghost);
+        self.ghost.set_len(ghost);
         self.set_share(self.share);
     }
 
@@ -601,28 +586,39 @@ mod tests {
     }
 
     #[test]
-    fn the_ghost_filter_remembers_recent_insertions_and_forgets_old_ones() {
-        let mut f = RecentFilter::default();
-        f.set_capacity(1000, 900);
+    fn the_ghost_remembers_recent_evictions_and_forgets_old_ones() {
+        let mut g = GhostBuckets::default();
+        g.set_len(900);
         for key in 0..900 {
-            f.insert(hash(key));
+            g.insert(hash(key));
         }
-        // The newest half is certainly remembered.
-        assert!((450..900).all(|k| f.contains(hash(k))), "a recent key was forgotten");
-        // Keys never inserted: false positives stay rare (1 byte per page of capacity).
-        let false_positives = (1_000_000..1_010_000).filter(|&k| f.contains(hash(k))).count();
-        assert!(false_positives < 600, "{false_positives} false positives in 10000");
-        // After another 900 insertions, the first keys are gone but for false positives.
-        for key in 10_000..10_900 {
-            f.insert(hash(key));
+        let remembered = |g: &GhostBuckets, keys: std::ops::Range<u64>| {
+            keys.filter(|&k| g.contains(hash(k))).count()
+        };
+        // The last three keys are certainly there (a bucket forgets only its fifth); of the
+        // newest half, a key is gone only if four more landed in its bucket since: ~5 %.
+        assert!((897..900).all(|k| g.contains(hash(k))), "a recent key was forgotten");
+        let recent = remembered(&g, 450..900);
+        // Keys never inserted: false positives stay below 4/255.
+        let false_positives = remembered(&g, 1_000_000..1_010_000);
+        // Of the oldest half (450–900 insertions old, two to four a bucket since), a key
+        // stays while fewer than four landed after it: ~65 %. So a key is remembered for
+        // 900 insertions on average, however its stays are spread.
+        let older = remembered(&g, 0..450);
+        // After another 1800 insertions (eight a bucket on average), few are left.
+        for key in 10_000..11_800 {
+            g.insert(hash(key));
         }
-        let remembered = (0..450).filter(|&k| f.contains(hash(k))).count();
-        assert!(remembered < 40, "{remembered} of 450 old keys still remembered");
-        f.validate();
+        let old = remembered(&g, 0..900);
+        assert!(recent > 400, "{recent} of the newest 450 keys remembered");
+        assert!(false_positives < 200, "{false_positives} false positives in 10000");
+        assert!(older > 250 && older < 340, "{older} of the oldest 450 keys remembered");
+        assert!(old < 90, "{old} of 900 keys remembered after 1800 more");
+        g.validate();
     }
 
     #[test]
-    fn the_ghost_filter_takes_no_memory_until_something_is_evicted_from_small() {
+    fn the_ghost_takes_no_memory_until_something_is_evicted_from_small() {
         let mut p = FixedShare::new(4096, 0.1);
         for id in 0..4096 {
             p.insert(id, hash(u64::from(id)));
@@ -634,14 +630,15 @@ mod tests {
             p.evicted(hash(u64::from(victim)));
             p.insert(id, hash(u64::from(id)));
         }
-        assert_eq!(p.ghost.heap_bytes(), 4096, "1 byte per page of capacity, once in use");
+        // 0.9 × 4096 keys remembered, a byte each.
+        assert_eq!(p.ghost.heap_bytes(), 3688, "0.9 bytes per page of capacity, once in use");
         p.validate();
     }
 
     #[test]
     fn state_is_two_bytes_per_page_beyond_the_links() {
         // Links (6 B per slot) would live in the index entry; the rest is 1 state byte per
-        // slot and 1 filter byte per page of capacity.
+        // slot and 0.9 ghost bytes per page of capacity.
         let mut p = FixedShare::new(4096, 0.1);
         for id in 0..4096 {
             p.insert(id, hash(u64::from(id)));
