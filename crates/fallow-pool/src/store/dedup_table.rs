@@ -137,11 +137,10 @@ impl DedupTable {
         hasher: impl Fn(ContentId) -> u64,
     ) -> bool {
         if bank_of(old) == bank_of(new) {
-            return self.bank_mut(bank_of(old)).table.replace(
-                hash,
-                |low| low == old & LOW,
-                new & LOW,
-            );
+            let Some(bank) = self.banks.iter_mut().find(|b| b.number == bank_of(old)) else {
+                return false;
+            };
+            return bank.table.replace(hash, |low| low == old & LOW, new & LOW);
         }
         if !self.remove(hash, old) {
             return false;
@@ -247,6 +246,8 @@ mod tests {
         assert_eq!(t.find(hash, |x| x == old), None);
         assert_eq!(t.find(hash, |_| true), Some(new));
         assert!(!t.replace(hash, old, 7, hasher), "old is no longer in");
+        assert!(!t.replace(hash, 5 << BANK_BITS, (5 << BANK_BITS) + 1, hasher), "nor in bank 5");
+        assert_eq!(t.banks.len(), 2, "a failed replace makes no bank");
         t.validate(hasher);
         assert_eq!(t.len(), 1);
     }
