@@ -43,7 +43,7 @@
 //!   `0.9 × capacity` such evictions on average, as in the paper, in 0.9 bytes per page;
 //!   a false positive (≤ 1.6 %) admits a page to main early. (Until session 14 a pair of
 //!   Bloom filters in 1 byte per page remembered the last 0.45–0.9 × capacity evictions,
-//!   with ~4 % false positives; the buckets' longer reach made 30 rows of the shared
+//!   with ~4 % false positives; the buckets' longer reach made 29 rows of the shared
 //!   traces better and 10 worse. Until 2026-11-22 the filter took the hash of every
 //!   insertion instead, for want of the victim's.)
 //!
