@@ -6,7 +6,8 @@
 //! masked by its trust domain, spread over 64 bits), already uniform, so nothing is hashed
 //! again: the i-th probe of key `k` is bit `(lo + i × hi) mod m` (Kirsch and
 //! Mitzenmacher's double hashing), where `lo = k`, `hi` is `k` rotated by 32 bits with its
-//! lowest bit set, and `m` the filter's size in bits. Bit `b` is bit `b mod 8` (least significant first) of byte `b / 8`.
+//! lowest bit set, and `m` the filter's size in bits. Bit `b` is bit `b mod 8` (least
+//! significant first) of byte `b / 8`.
 //! `docs/protocol.md` gives the same rule for other implementations.
 //!
 //! A false positive costs one extra round trip (the node answers "not held" and the client
@@ -232,7 +233,7 @@ mod tests {
     #[test]
     fn probe_positions_follow_the_documented_rule() {
         let mut f = ContentFilter::from_parts(&[0; 16], 3, 0).unwrap();
-        // The tag is the low 32 bits, 5; its key 0xb6bf613dbebb45dc, so lo mod 128 = 92 and
+        // The stored checksum 5 has the key 0xb6bf613dbebb45dc, so lo mod 128 = 92 and
         // hi = key rotated by 32, | 1, mod 128 = 61; m = 128 divides 2⁶⁴, so bit i is
         // (92 + 61 i) mod 128: bits 92, 25, 86.
         f.insert(super::super::dedup_key(5));

@@ -25,16 +25,16 @@
 //!   the authors of "Adaptive Software Cache Management", Middleware'18):
 //!   three simulated caches of at most 1024 pages (`adaptive::SIM_PAGES`) run this policy
 //!   with a fixed share of 1 %, 10 % (the paper's) and 100 % (LRU), one decade apart, on a
-//!   hash-sampled share of the accesses; at the end of every epoch the live share moves to a simulation
-//!   that has missed less than it, once that lead is consistent over the epochs rather than
-//!   won in one burst (`share_chooser.rs`, "When the live share follows"). The live policy
-//!   starts at 10 %. Changing the share reshapes nothing at once: the queues drift to
-//!   their new targets as pages leave. That drift is cheaper than `adaptive`'s change of
+//!   hash-sampled share of the accesses; at the end of every epoch the live share moves to a
+//!   simulation that has missed less than it, once that lead is consistent over the epochs
+//!   rather than won in one burst (`share_chooser.rs`, "When the live share follows"). The
+//!   live policy starts at 10 %. Changing the share reshapes nothing at once: the queues
+//!   drift to their new targets as pages leave. That drift is cheaper than `adaptive`'s change of
 //!   expert but not free (a cache that was LRU enters 1 % with an empty main queue), which
 //!   is why a lead must be consistent before it is followed. One set of simulations serves
 //!   every shard of an engine (`share_chooser.rs`).
-//! * **The ghost keeps fingerprints.** As in the paper, it remembers the pages that left the small
-//!   queue without being promoted, `0.9 × capacity` of them, and a page inserted again
+//! * **The ghost keeps fingerprints.** As in the paper, it remembers the pages that left the
+//!   small queue without being promoted, `0.9 × capacity` of them, and a page inserted again
 //!   while remembered goes straight to main. The policy keeps no hash per page (that
 //!   would cost 4–8 bytes): the engine, which knows the victim's key, hands its hash back
 //!   right after `pop_victim` (`Eviction::evicted`). The ghost keeps an 8-bit fingerprint

@@ -80,6 +80,12 @@ impl DedupTable {
         }
     }
 
+    /// Bank `number`, if it has been made.
+    fn existing_mut(&mut self, number: u32) -> Option<&mut Bank> {
+        self.banks.iter_mut().find(|b| b.number == number)
+    }
+
+    /// Bank `number`, made (empty, expecting its share) if it was not.
     fn bank_mut(&mut self, number: u32) -> &mut Bank {
         let at = match self.banks.iter().position(|b| b.number == number) {
             Some(at) => at,
@@ -121,10 +127,8 @@ impl DedupTable {
 
     /// Takes `id`, whose hash is `hash`, out of the table; false when it was not in.
     pub(super) fn remove(&mut self, hash: u64, id: ContentId) -> bool {
-        let Some(bank) = self.banks.iter_mut().find(|b| b.number == bank_of(id)) else {
-            return false;
-        };
-        bank.table.remove(hash, |low| low == id & LOW).is_some()
+        self.existing_mut(bank_of(id))
+            .is_some_and(|bank| bank.table.remove(hash, |low| low == id & LOW).is_some())
     }
 
     /// Puts `new` where `old` was, under the same hash; false (and nothing changes) when
@@ -137,10 +141,9 @@ impl DedupTable {
         hasher: impl Fn(ContentId) -> u64,
     ) -> bool {
         if bank_of(old) == bank_of(new) {
-            let Some(bank) = self.banks.iter_mut().find(|b| b.number == bank_of(old)) else {
-                return false;
-            };
-            return bank.table.replace(hash, |low| low == old & LOW, new & LOW);
+            return self
+                .existing_mut(bank_of(old))
+                .is_some_and(|bank| bank.table.replace(hash, |low| low == old & LOW, new & LOW));
         }
         if !self.remove(hash, old) {
             return false;
@@ -255,21 +258,28 @@ mod tests {
     proptest! {
         /// Against a `HashMap` of id → hash, over ids of several banks.
         #[test]
-        fn agrees_with_a_map(ops in proptest::collection::vec((0u8..4, 0u32..64, 0u32..4), 1..400)) {
+        fn agrees_with_a_map(
+            ops in proptest::collection::vec((0u8..4, 0u32..64, 0u32..4), 1..400)
+        ) {
             let mut t = DedupTable::default();
             t.expect(3 << BANK_BITS);
             let mut model: HashMap<ContentId, u64> = HashMap::new();
             let banks = [0, 1, 2, super::super::VIRTUAL_BASE >> BANK_BITS];
-            let id_of = |n: u32, bank: u32| (banks[bank as usize] << BANK_BITS) | (n * 1_000_003 % (1 << BANK_BITS));
+            let id_of = |n: u32, bank: u32| {
+                (banks[bank as usize] << BANK_BITS) | (n * 1_000_003 % (1 << BANK_BITS))
+            };
             for (op, n, bank) in ops {
                 let id = id_of(n, bank);
+                let found = t.find(hash_of(id), |x| x == id);
                 match op {
-                    0 | 1 => if let std::collections::hash_map::Entry::Vacant(e) = model.entry(id) {
-                        e.insert(hash_of(id));
-                        t.insert_unique(hash_of(id), id, hash_of);
-                    },
+                    0 | 1 => {
+                        if let std::collections::hash_map::Entry::Vacant(e) = model.entry(id) {
+                            e.insert(hash_of(id));
+                            t.insert_unique(hash_of(id), id, hash_of);
+                        }
+                    }
                     2 => prop_assert_eq!(t.remove(hash_of(id), id), model.remove(&id).is_some()),
-                    _ => prop_assert_eq!(t.find(hash_of(id), |x| x == id), model.get(&id).map(|_| id)),
+                    _ => prop_assert_eq!(found, model.get(&id).map(|_| id)),
                 }
             }
             t.validate(hash_of);
