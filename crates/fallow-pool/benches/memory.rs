@@ -6,7 +6,10 @@
 //!   (`EngineStats::metadata_bytes / pages`) and as the process RSS grows (VmRSS after the
 //!   fill minus VmRSS before, minus the page bytes). Each case runs in a child process of
 //!   this binary, so that neither sees the heap the other freed. The two ephemeral cases
-//!   run again at 1 GiB, where an engine's fixed costs weigh a quarter as much on a page.
+//!   run again at 1 GiB, where an engine's fixed costs weigh a quarter as much on a page,
+//!   and at both sizes with the shards a host of 64 CPUs gets by default
+//!   (`FALLOW_BENCH_THREADS=64` in the child: `EngineBuilder::threads`).
+//!   `FALLOW_BENCH_SHARDS=N ... --case KIND` runs one case with N shards.
 //! * (b) giving back 1 GiB: an engine of 1.25 GiB filled with 327680 unique ephemeral
 //!   pages, then `set_budget(256 MiB)`; five runs, refilled each time. Also the longest
 //!   put of each fill (the engine's tables grow meanwhile).
@@ -34,6 +37,14 @@ use fallow_pool::{BudgetReport, Engine, EngineBuilder};
 mod support;
 
 const MIB: usize = 1 << 20;
+/// Sizes an engine's default shards for this many threads instead of the CPUs here:
+/// what a larger host would run.
+const THREADS_VAR: &str = "FALLOW_BENCH_THREADS";
+/// An explicit shard count instead of the default, for `--case` runs (how a shard count
+/// weighs on a page).
+const SHARDS_VAR: &str = "FALLOW_BENCH_SHARDS";
+/// The host that (a)'s last rows stand for.
+const MANY_CPUS: usize = 64;
 const RUNS: usize = 5;
 /// Target of (a), bytes per page.
 const METADATA_TARGET: f64 = 32.0;
@@ -94,7 +105,14 @@ fn status_bytes(field: &str) -> usize {
 }
 
 fn engine(budget: usize) -> Engine {
-    let config = with_policy_from_env(EngineBuilder::new(budget)).compress_interval(None).build();
+    let mut builder = with_policy_from_env(EngineBuilder::new(budget)).compress_interval(None);
+    if let Some(threads) = std::env::var(THREADS_VAR).ok().and_then(|v| v.parse().ok()) {
+        builder = builder.threads(threads);
+    }
+    if let Some(shards) = std::env::var(SHARDS_VAR).ok().and_then(|v| v.parse().ok()) {
+        builder = builder.shards(shards);
+    }
+    let config = builder.build();
     Engine::new(config.expect("a valid bench configuration"))
 }
 
@@ -173,21 +191,31 @@ fn metadata_case(sizes: Sizes, kind: &str) {
     let (after, anon_after) = (rss_bytes(), status_bytes("RssAnon:"));
     let s = e.stats();
     println!(
-        "RESULT pages={} metadata={} mapped={} rss_delta={} anon_delta={}",
+        "RESULT pages={} metadata={} mapped={} rss_delta={} anon_delta={} shards={}",
         s.pages,
         s.metadata_bytes,
         s.mapped_bytes,
         after.saturating_sub(before),
-        anon_after.saturating_sub(anon_before)
+        anon_after.saturating_sub(anon_before),
+        s.shards
     );
 }
 
 /// Runs (a) for `kind` in a child process, with an engine of `mib` MiB (before the quick
 /// mode's division), and parses its `RESULT` line.
-fn metadata_child(sizes: Sizes, kind: &str, mib: usize) -> Vec<(String, usize)> {
+fn metadata_child(
+    sizes: Sizes,
+    kind: &str,
+    mib: usize,
+    threads: Option<usize>,
+) -> Vec<(String, usize)> {
     let exe = std::env::current_exe().expect("own path");
     let mut cmd = Command::new(exe);
     cmd.args(["--case", kind]).env("FALLOW_BENCH_METADATA_MIB", mib.to_string());
+    match threads {
+        Some(n) => cmd.env(THREADS_VAR, n.to_string()),
+        None => cmd.env_remove(THREADS_VAR),
+    };
     if sizes.scale > 1 {
         cmd.arg("--quick");
     }
@@ -209,28 +237,41 @@ fn metadata(sizes: Sizes) {
     // shard's arrays) weigh on a page four times less at 1 GiB: the two ephemeral cases
     // again at that size show how much of a figure is per page.
     let larger = (mib < 1024).then_some(1024);
+    // The default shard count grows with the CPUs (4 each, bounded by the budget): the
+    // ephemeral cases again as a host of `MANY_CPUS` would run them.
     let kinds =
         ["ephemeral", "ephemeral-churn", "ephemeral-tenth", "persistent", "persistent-lone"]
-            .map(|kind| (kind, mib))
+            .map(|kind| (kind, mib, None))
             .into_iter()
             .chain(
-                larger.into_iter().flat_map(|big| [("ephemeral", big), ("ephemeral-churn", big)]),
+                larger
+                    .into_iter()
+                    .flat_map(|big| [("ephemeral", big, None), ("ephemeral-churn", big, None)]),
+            )
+            .chain(
+                [mib, larger.unwrap_or(mib)]
+                    .into_iter()
+                    .flat_map(|m| [("ephemeral", m), ("ephemeral-churn", m)])
+                    .map(|(kind, m)| (kind, m, Some(MANY_CPUS))),
             );
-    for (kind, case_mib) in kinds {
-        let r = metadata_child(sizes, kind, case_mib);
+    for (kind, case_mib, threads) in kinds {
+        let r = metadata_child(sizes, kind, case_mib, threads);
         let get = |k: &str| r.iter().find(|(n, _)| n == k).map_or(0, |(_, v)| *v);
         let pages = get("pages").max(1);
         let reported = get("metadata") as f64 / pages as f64;
         let page_bytes = (pages * PAGE_SIZE) as f64;
         let rss_meta = get("rss_delta") as f64 - page_bytes;
         let anon_meta = get("anon_delta") as f64 - page_bytes;
-        let label = if case_mib == mib {
-            kind.to_string()
-        } else {
-            format!("{kind}, {} MiB", case_mib / sizes.scale)
-        };
+        let mut label = kind.to_string();
+        if case_mib != mib {
+            label += &format!(", {} MiB", case_mib / sizes.scale);
+        }
+        if let Some(n) = threads {
+            label += &format!(", {n} CPUs");
+        }
         rows.push(format!(
-            "| {label} | {pages} | {} | {reported:.1} | {:.1} | {:.1} | {} |",
+            "| {label} | {} | {pages} | {} | {reported:.1} | {:.1} | {:.1} | {} |",
+            get("shards"),
             get("mapped") / MIB,
             rss_meta / pages as f64,
             anon_meta / pages as f64,
@@ -246,8 +287,8 @@ fn metadata(sizes: Sizes) {
          `ephemeral-tenth`: a tenth of one volume's pages, one in each ten indexes. \
          `ephemeral-churn` put three times as many pages as fit (the cache's steady state).\n"
     );
-    println!("| pool | pages | mapped MiB | self-reported B/page | RSS delta − page bytes, B/page | RssAnon delta − page bytes, B/page | ≤ 32 B/page |");
-    println!("|---|---:|---:|---:|---:|---:|---|");
+    println!("| pool | shards | pages | mapped MiB | self-reported B/page | RSS delta − page bytes, B/page | RssAnon delta − page bytes, B/page | ≤ 32 B/page |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---|");
     rows.iter().for_each(|r| println!("{r}"));
     println!();
 }

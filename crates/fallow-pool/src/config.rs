@@ -43,6 +43,36 @@ pub enum ConfigError {
 /// (`shard::MAX_PAGES` each).
 pub const MAX_BUDGET_BYTES: usize = (1 << 29) * fallow_core::PAGE_SIZE;
 
+/// The fewest pages a default shard is given of the most its engine may lend (64 MiB),
+/// unless that leaves fewer than 4 shards. A shard's arrays are sized for its share of
+/// the pages, and that share varies: runs of 64 pages go to shards by hash, so an object
+/// smaller than a run per shard (a 4 MiB object has 16 runs) lands on some shards and not
+/// others. Full shards outgrow their arrays, and the arrays they outgrew stay resident in
+/// the heap though no table holds them; small shards also waste a part of a page per
+/// array. The engine's own figure counts neither. Resident metadata a page of a full
+/// 256 MiB ephemeral pool (`FALLOW_BENCH_SHARDS=N target/release/deps/memory-* --case
+/// ephemeral`): 31.8 B in 4 shards, 32.4 B in 8, 33.7 B in 16, 44.6 B in 64 and 46.1 B
+/// in 256, against 30.2–32.9 B reported. A host of 64 CPUs had 256 shards by default
+/// before this bound, and 62.7 B a page then (its spans also reserved more; `spans.rs`).
+pub const MIN_SHARD_PAGES: usize = 1 << 14;
+
+/// Shards a default engine has however small its budget, CPUs allowing: two threads
+/// calling one engine of a single shard took 1.3 µs a get, and 0.54–0.62 µs in 4 shards,
+/// as in 8 (`2threads/get_hit+get_hit`, 64 MiB, this repository's 2-CPU machine).
+const FEW_SHARDS: usize = 4;
+
+/// The default shard count for `cpus` CPUs and an engine that may lend up to `most_pages`
+/// pages, of which `needed` shards can index all: 4 per CPU, for fewer threads waiting
+/// on one shard's lock, but no more than leave each [`MIN_SHARD_PAGES`] (or
+/// [`FEW_SHARDS`] in all), and never fewer than needed. A power of two.
+fn default_shards(cpus: usize, most_pages: usize, needed: usize) -> usize {
+    let by_cpus = (cpus.max(1) * 4).next_power_of_two().min(256);
+    let by_pages = (most_pages / MIN_SHARD_PAGES).max(1);
+    // The largest power of two at most `by_pages`.
+    let by_pages = 1 << by_pages.ilog2();
+    by_cpus.min(by_pages.max(FEW_SHARDS)).max(needed)
+}
+
 /// A validated engine configuration.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -68,6 +98,7 @@ pub struct EngineBuilder {
     budget_bytes: usize,
     budget_up_to: usize,
     shards: Option<usize>,
+    threads: Option<usize>,
     policy: String,
     entries_per_frame: usize,
     compress_interval: Option<Duration>,
@@ -81,6 +112,7 @@ impl EngineBuilder {
             budget_bytes,
             budget_up_to: 0,
             shards: None,
+            threads: None,
             policy: eviction::DEFAULT_POLICY.to_string(),
             entries_per_frame: 4,
             compress_interval: Some(Duration::from_millis(100)),
@@ -97,11 +129,19 @@ impl EngineBuilder {
     }
 
     /// Index shards; defaults to 4 × the CPUs, rounded up to a power of two (at most 256),
-    /// or more if the budget needs them: a shard indexes at most 2²⁴ − 1 pages (64 GiB),
-    /// and fewer shards than the budget needs is an error. Use 1 for an exact global
-    /// eviction order (trace replay).
+    /// but no more than give each shard [`MIN_SHARD_PAGES`] of the most the budget may
+    /// reach, or more if the budget needs them: a shard indexes at most 2²⁴ − 1 pages
+    /// (64 GiB), and fewer shards than the budget needs is an error. Use 1 for an exact
+    /// global eviction order (trace replay).
     pub fn shards(mut self, shards: usize) -> Self {
         self.shards = Some(shards);
+        self
+    }
+
+    /// How many threads may call the engine at once, for the default shard count (4 a
+    /// thread); defaults to the CPUs this process may run on.
+    pub fn threads(mut self, threads: usize) -> Self {
+        self.threads = Some(threads);
         self
     }
 
@@ -141,9 +181,11 @@ impl EngineBuilder {
         };
         let needed = shards_for(self.budget_bytes);
         let shards = self.shards.unwrap_or_else(|| {
-            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-            let most = shards_for(self.budget_bytes.max(self.budget_up_to));
-            (cpus * 4).next_power_of_two().min(256).max(most)
+            let cpus = self
+                .threads
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+            let most = self.budget_bytes.max(self.budget_up_to).min(MAX_BUDGET_BYTES);
+            default_shards(cpus, most / fallow_core::PAGE_SIZE, shards_for(most))
         });
         if !shards.is_power_of_two() || shards > 1024 {
             return Err(ConfigError::BadShardCount(shards));
@@ -193,6 +235,36 @@ mod tests {
         assert_eq!(growing.shards, config.shards);
         let beyond = EngineBuilder::new(0).budget_up_to(usize::MAX).build().unwrap();
         assert_eq!(beyond.shards, config.shards, "past the most an engine lends, that most");
+    }
+
+    #[test]
+    fn default_shards_leave_each_at_least_its_minimum_of_pages() {
+        const GIB: usize = (1 << 30) / PAGE_SIZE;
+        // Four a CPU when the budget is large enough for them.
+        assert_eq!(default_shards(2, 64 * GIB, 1), 8);
+        assert_eq!(default_shards(3, 64 * GIB, 1), 16);
+        assert_eq!(default_shards(64, 64 * GIB, 1), 256);
+        assert_eq!(default_shards(1024, 1024 * GIB, 16), 256);
+        // A host of many CPUs lending little gets fewer, larger shards.
+        assert_eq!(default_shards(64, GIB / 4, 1), 4);
+        assert_eq!(default_shards(64, GIB, 1), 16);
+        assert_eq!(default_shards(64, 3 * GIB, 1), 32, "a power of two, rounded down");
+        assert_eq!(default_shards(64, 1000, 1), 4, "a few however small the budget");
+        assert_eq!(default_shards(0, 0, 1), 4);
+        // Never fewer than index the budget.
+        assert_eq!(default_shards(1, 2048 * GIB, 32), 32);
+        // The builder's threads stand for the CPUs.
+        let built = |threads, bytes| {
+            EngineBuilder::new(bytes).threads(threads).build().map(|c| c.shards).unwrap()
+        };
+        assert_eq!(built(64, 256 << 20), 4);
+        assert_eq!(built(64, 16 << 20), 4);
+        assert_eq!(built(64, 64 << 30), 256);
+        assert_eq!(built(2, 64 << 30), 8);
+        for (cpus, pages) in [(64, GIB / 4), (64, 5 * GIB), (8, 100 * GIB)] {
+            let shards = default_shards(cpus, pages, 1);
+            assert!(pages / shards >= MIN_SHARD_PAGES, "{cpus} CPUs, {pages} pages: {shards}");
+        }
     }
 
     #[test]

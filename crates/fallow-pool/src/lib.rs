@@ -51,7 +51,7 @@ mod sweep;
 mod zeroed;
 
 pub use arena::{FRAMES_PER_SEGMENT, SEGMENT_BYTES};
-pub use config::{ConfigError, EngineBuilder, EngineConfig, MAX_BUDGET_BYTES};
+pub use config::{ConfigError, EngineBuilder, EngineConfig, MAX_BUDGET_BYTES, MIN_SHARD_PAGES};
 pub use engine::Engine;
 pub use shard::MAX_PAGES as MAX_SHARD_PAGES;
 pub use stats::{BudgetReport, EngineStats, MemoryUsage, PoolStats};

@@ -309,11 +309,21 @@ impl Harness {
     }
 }
 
+/// A number from the environment variable `name`, else `default`: `FALLOW_MODEL_CASES` and
+/// `FALLOW_MODEL_OPS` make a longer soak than CI's run, e.g.
+/// `FALLOW_MODEL_CASES=20000 FALLOW_MODEL_OPS=600 cargo test --release -p fallow-pool --test model`.
+fn from_env(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: from_env("FALLOW_MODEL_CASES", 64) as u32,
+        ..ProptestConfig::default()
+    })]
 
     #[test]
-    fn engine_matches_the_model(ops in prop::collection::vec(op(), 1..120)) {
+    fn engine_matches_the_model(ops in prop::collection::vec(op(), 1..from_env("FALLOW_MODEL_OPS", 120))) {
         let mut h = Harness::new();
         for op in ops {
             h.apply(op);

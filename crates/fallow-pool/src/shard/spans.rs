@@ -41,6 +41,16 @@ pub const fn run(index: u64) -> u64 {
 /// at most this many pages ([`super::MAX_PAGES`]).
 pub const MAX_SPANS: usize = (NIL >> RUN_BITS) as usize;
 
+/// The least worst case the entries reserve at once. A smaller reservation comes from the
+/// heap, where its untouched room shares pages with other arrays and is resident all the
+/// same: a shard of 256 pages reserved 12 KiB for the 4 spans of its dense objects, and the
+/// 256 shards of a 256 MiB engine (the default for 64 CPUs until [`MIN_SHARD_PAGES`]) were
+/// resident for 16.6 B a page more than with the entries doubling as they fill, as they
+/// now do below this. glibc maps blocks of 128 KiB or more apart.
+///
+/// [`MIN_SHARD_PAGES`]: crate::MIN_SHARD_PAGES
+const RESERVE_BYTES: usize = 128 << 10;
+
 /// One span, unpacked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Span {
@@ -150,7 +160,8 @@ impl Spans {
     /// Says how many spans the shard may hold at most (as many as its pages, when no
     /// two share a run): the tables grow to it, not past it, and the entries reserve it
     /// at their first growth ([`crate::dense::grow`]: address space, resident only as far
-    /// as span ids are used). Shards of dense objects never get near it. Until session 13
+    /// as span ids are used) when that reservation is large enough to be a mapping of its
+    /// own ([`RESERVE_BYTES`]). Shards of dense objects never get near it. Until session 13
     /// the entries doubled up to it, and their spare room was a page's metadata's largest
     /// slack: 1 B a page of a cache in its steady state, 3.4 B for a tenth of a volume.
     pub fn expect(&mut self, spans: usize) {
@@ -242,7 +253,8 @@ impl Spans {
         let fresh =
             Packed { object: split(object), run: high, pages: [0, 0], pool, next: NIL, prev: NIL };
         let Spans { entries, free, by_key, heads, expected } = self;
-        let r = crate::dense::place_expecting(entries, free, fresh, *expected);
+        let reserve = if *expected * size_of::<Packed>() >= RESERVE_BYTES { *expected } else { 0 };
+        let r = crate::dense::place_expecting(entries, free, fresh, reserve);
         by_key.insert_unique(entries[r as usize].key_hash(), r, |x| entries[x as usize].key_hash());
         match head {
             None => heads
