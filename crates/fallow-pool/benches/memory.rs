@@ -166,6 +166,12 @@ fn lone_key(pool: fallow_core::PoolId, i: u64) -> PageKey {
     PageKey::new(pool, i, 0)
 }
 
+/// The key of page `i` when objects are 128 pages (512 KiB) long: two runs each, fewer
+/// than a shard has, so which shards an object's runs land on is left to its hash.
+fn small_object_key(pool: fallow_core::PoolId, i: u64) -> PageKey {
+    PageKey::new(pool, i / 128, i % 128)
+}
+
 /// The key of page `i` when the cache holds a tenth of one large volume, scattered: one
 /// page in each ten consecutive indexes, at a position that varies, so a run of 64 indexes
 /// holds ~6.4 cached pages and its span is shared by few.
@@ -183,6 +189,7 @@ fn metadata_case(sizes: Sizes, kind: &str) {
         // seen as many removals as inserts.
         "ephemeral-churn" => (PoolSpec::ephemeral(), key, 3),
         "ephemeral-tenth" => (PoolSpec::ephemeral(), tenth_key, 1),
+        "ephemeral-small" => (PoolSpec::ephemeral(), small_object_key, 1),
         _ => (PoolSpec::ephemeral(), key, 1),
     };
     let (before, anon_before) = (rss_bytes(), status_bytes("RssAnon:"));
@@ -240,7 +247,9 @@ fn metadata(sizes: Sizes) {
     // The default shard count grows with the CPUs (4 each, bounded by the budget): the
     // ephemeral cases again as a host of `MANY_CPUS` would run them.
     let kinds =
-        ["ephemeral", "ephemeral-churn", "ephemeral-tenth", "persistent", "persistent-lone"]
+        ["ephemeral", "ephemeral-churn", "ephemeral-tenth", "ephemeral-small", "persistent"]
+            .into_iter()
+            .chain(["persistent-lone"])
             .map(|kind| (kind, mib, None))
             .into_iter()
             .chain(
@@ -283,8 +292,9 @@ fn metadata(sizes: Sizes) {
         sizes.metadata_budget / MIB
     );
     println!(
-        "Pages are 1024 to an object, except in `persistent-lone`: one page per object, and \
-         `ephemeral-tenth`: a tenth of one volume's pages, one in each ten indexes. \
+        "Pages are 1024 to an object, except in `persistent-lone`: one page per object, \
+         `ephemeral-small`: 128, and `ephemeral-tenth`: a tenth of one volume's pages, one \
+         in each ten indexes. \
          `ephemeral-churn` put three times as many pages as fit (the cache's steady state).\n"
     );
     println!("| pool | shards | pages | mapped MiB | self-reported B/page | RSS delta − page bytes, B/page | RssAnon delta − page bytes, B/page | ≤ 32 B/page |");
