@@ -43,6 +43,15 @@ const THREADS_VAR: &str = "FALLOW_BENCH_THREADS";
 /// An explicit shard count instead of the default, for `--case` runs (how a shard count
 /// weighs on a page).
 const SHARDS_VAR: &str = "FALLOW_BENCH_SHARDS";
+/// (a)'s cases at the bench's size (`metadata_case`).
+const CASES: [&str; 6] = [
+    "ephemeral",
+    "ephemeral-churn",
+    "ephemeral-tenth",
+    "ephemeral-small",
+    "persistent",
+    "persistent-lone",
+];
 /// The host that (a)'s last rows stand for.
 const MANY_CPUS: usize = 64;
 const RUNS: usize = 5;
@@ -246,23 +255,20 @@ fn metadata(sizes: Sizes) {
     let larger = (mib < 1024).then_some(1024);
     // The default shard count grows with the CPUs (4 each, bounded by the budget): the
     // ephemeral cases again as a host of `MANY_CPUS` would run them.
-    let kinds =
-        ["ephemeral", "ephemeral-churn", "ephemeral-tenth", "ephemeral-small", "persistent"]
-            .into_iter()
-            .chain(["persistent-lone"])
-            .map(|kind| (kind, mib, None))
-            .into_iter()
-            .chain(
-                larger
-                    .into_iter()
-                    .flat_map(|big| [("ephemeral", big, None), ("ephemeral-churn", big, None)]),
-            )
-            .chain(
-                [mib, larger.unwrap_or(mib)]
-                    .into_iter()
-                    .flat_map(|m| [("ephemeral", m), ("ephemeral-churn", m)])
-                    .map(|(kind, m)| (kind, m, Some(MANY_CPUS))),
-            );
+    let kinds = CASES
+        .into_iter()
+        .map(|kind| (kind, mib, None))
+        .chain(
+            larger
+                .into_iter()
+                .flat_map(|big| [("ephemeral", big, None), ("ephemeral-churn", big, None)]),
+        )
+        .chain(
+            [mib, larger.unwrap_or(mib)]
+                .into_iter()
+                .flat_map(|m| [("ephemeral", m), ("ephemeral-churn", m)])
+                .map(|(kind, m)| (kind, m, Some(MANY_CPUS))),
+        );
     for (kind, case_mib, threads) in kinds {
         let r = metadata_child(sizes, kind, case_mib, threads);
         let get = |k: &str| r.iter().find(|(n, _)| n == k).map_or(0, |(_, v)| *v);
