@@ -1,5 +1,7 @@
 //! The background compressor: a thread that periodically compresses pages that stayed
 //! cold (not read since its previous look), so compression never runs on a put or a get.
+//! At each wake it also moves a step of every hash table's growth under way
+//! (`Engine::finish_growth`), which inserts alone might never finish.
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -33,6 +35,7 @@ impl Compressor {
                     // The engine's locks are taken without holding `stopped`'s mutex: a
                     // pass of `batch` pages holds every shard and the store for ~batch × 5 µs.
                     drop(stopped);
+                    inner.tidy_pass(crate::engine::TIDY_GROUPS);
                     let done = inner.compress_pass(batch);
                     if done > 0 {
                         tracing::trace!(done, "compressed cold pages");

@@ -523,6 +523,16 @@ impl<L: Layout> IdTable<L> {
         }
     }
 
+    /// Moves up to `groups` more old groups of a growth under way, between inserts, and
+    /// says whether one is still under way. Inserts move the old groups at the pace that
+    /// empties them as the new room fills, so a table whose inserts stop (a cache filled,
+    /// then read) would hold both sets of groups for good: the engine's background work
+    /// calls this (`Engine::finish_growth`).
+    pub(crate) fn tidy(&mut self, groups: usize, hasher: impl Fn(u32) -> u64) -> bool {
+        self.migrate(groups, &hasher);
+        self.migration.is_some()
+    }
+
     /// Starts moving to larger groups (after finishing any move under way).
     fn grow(&mut self, hasher: &impl Fn(u32) -> u64) {
         self.migrate(usize::MAX, hasher);
@@ -691,6 +701,36 @@ mod tests {
         }
         assert!(t.capacity() >= cap + cap / 4 && t.capacity() < cap * 3 / 2);
         t.validate(|id| hash_of(id, false));
+    }
+
+    #[test]
+    fn a_growth_that_inserts_left_half_done_is_finished_by_tidy_steps() {
+        let h = |id: u32| hash_of(id, false);
+        let mut t = IdTable::<Folded>::default();
+        t.expect(1000);
+        let cap = {
+            (0..1000).for_each(|id| t.insert_unique(h(id), id, h));
+            t.capacity() as u32
+        };
+        // A few inserts past the capacity: the table grows, and stops moving old groups
+        // when the inserts stop.
+        (1000..cap + 3).for_each(|id| t.insert_unique(h(id), id, h));
+        assert!(t.migration.is_some(), "a growth is under way");
+        let both = t.heap_bytes();
+        let mut steps = 0;
+        while t.tidy(4, h) {
+            steps += 1;
+            assert!(steps < 1000, "tidy steps never finished");
+        }
+        assert!(steps > 1, "a step moves at most 4 groups");
+        assert!(t.migration.is_none());
+        assert!(t.heap_bytes() < both, "the old groups are freed");
+        assert_eq!(t.len(), cap as usize + 3);
+        for id in 0..cap + 3 {
+            assert_eq!(t.find(h(id), |x| x == id), Some(id), "id {id} lost");
+        }
+        t.validate(h);
+        assert!(!t.tidy(4, h), "nothing left to move");
     }
 
     #[test]

@@ -215,6 +215,14 @@ impl Shard {
         self.spans.expect(self.expected.min(MAX_PAGES));
     }
 
+    /// Moves up to `groups` old groups of each table's growth under way (the index's and
+    /// the spans'; `IdTable::tidy`); true while any still has some.
+    pub fn tidy(&mut self, groups: usize) -> bool {
+        let Shard { index, slots, spans, .. } = self;
+        let index_left = index.tidy(groups, |x| key_hash(&key_of(slots, spans, x)));
+        spans.tidy(groups) || index_left
+    }
+
     /// The live slot `id`, unpacked.
     fn slot(&self, id: SlotId) -> Slot {
         let s = &self.slots[id as usize];

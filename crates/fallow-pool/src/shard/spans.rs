@@ -170,6 +170,15 @@ impl Spans {
         self.heads.expect(spans);
     }
 
+    /// Moves up to `groups` old groups of each table's growth under way
+    /// ([`IdTable::tidy`]); true while either still has some.
+    pub fn tidy(&mut self, groups: usize) -> bool {
+        let Spans { entries, by_key, heads, .. } = self;
+        let by_key_left = by_key.tidy(groups, |x| entries[x as usize].key_hash());
+        let heads_left = heads.tidy(groups, |x| entries[x as usize].object_hash());
+        by_key_left || heads_left
+    }
+
     /// Live spans.
     pub fn len(&self) -> usize {
         self.by_key.len()

@@ -125,6 +125,17 @@ impl DedupTable {
         bank.table.insert_unique(hash, id & LOW, |low| hasher(base | low));
     }
 
+    /// Moves up to `groups` old groups of each bank's growth under way (`IdTable::tidy`);
+    /// true while any bank still has some.
+    pub(super) fn tidy(&mut self, groups: usize, hasher: impl Fn(ContentId) -> u64) -> bool {
+        let mut left = false;
+        for bank in &mut self.banks {
+            let base = bank.base();
+            left |= bank.table.tidy(groups, |low| hasher(base | low));
+        }
+        left
+    }
+
     /// Takes `id`, whose hash is `hash`, out of the table; false when it was not in.
     pub(super) fn remove(&mut self, hash: u64, id: ContentId) -> bool {
         self.existing_mut(bank_of(id))

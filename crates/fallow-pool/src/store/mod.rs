@@ -349,6 +349,13 @@ impl Store {
         }))
     }
 
+    /// Moves up to `groups` old groups of the dedup table's growth under way
+    /// (`IdTable::tidy`); true while some are left.
+    pub fn tidy(&mut self, groups: usize) -> bool {
+        let contents = &self.contents;
+        self.dedup.tidy(groups, |i| contents[i].key())
+    }
+
     /// Puts a new content, now filled, in the dedup table, so that later identical pages
     /// share it. A checksum shared with a different page keeps the first content in the table
     /// and this one is simply not shared, unless the first has lost its bytes; so does an
