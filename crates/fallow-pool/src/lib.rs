@@ -22,7 +22,8 @@
 //! `shard`: the sharded index (key → slot) and one [`eviction`] policy per shard.
 //! `store`: page bytes, checksums, the dedup table and compressed pages.
 //! `arena`: 4 KiB frames in 2 MiB segments, returned to the OS a segment at a time.
-//! `compress`: the background thread that compresses cold pages.
+//! `compress`: the background thread that compresses cold pages, and moves a step of each
+//! hash table's growth that inserts left half done.
 //! `sweep`: the background thread that, after a shrink, removes the index entries of the
 //! pages it dropped.
 //!
@@ -30,7 +31,10 @@
 //! Page bytes live in the arena and never exceed the budget (rounded up to one segment);
 //! compressed bytes count against the same budget. Metadata (index, slots, policy, store
 //! tables) is reported by [`EngineStats::metadata_bytes`] and bounded by the
-//! entries-per-frame limit.
+//! entries-per-frame limit. It counts arrays by their length, not what the allocator and
+//! the page size add: the memory bench measures both. Many small shards cost more per
+//! page, which is why the default shard count is bounded by the budget
+//! ([`MIN_SHARD_PAGES`]).
 
 mod arena;
 mod compress;
