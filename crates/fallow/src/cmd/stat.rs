@@ -110,15 +110,20 @@ fn table(node: &str, node_id: u128, stats: &NodeStats) -> String {
         None => "unknown".to_string(),
     };
     rows.push(("lent", format!("{} ({mode})", human(v("lent_bytes")))));
-    rows.push((
-        "used",
-        format!(
-            "{} mapped, {} in page frames, {} metadata",
-            human(v("mapped_bytes")),
-            human(v("used_bytes")),
-            human(v("metadata_bytes"))
-        ),
-    ));
+    let mut used = format!(
+        "{} mapped, {} in page frames, {} metadata",
+        human(v("mapped_bytes")),
+        human(v("used_bytes")),
+        human(v("metadata_bytes"))
+    );
+    // Per page, the figure the engine's target is stated in (≤ 32 B for dense objects).
+    if v("pages") > 0 {
+        used.push_str(&format!(
+            " ({:.1} B a page)",
+            v("metadata_bytes") as f64 / v("pages") as f64
+        ));
+    }
+    rows.push(("used", used));
     if let Some(over) = stats.get("over_budget_bytes").filter(|b| *b > 0) {
         rows.push((
             "over budget",
@@ -234,6 +239,8 @@ mod tests {
                 entry("compressed_pages", 512),
                 entry("compression_saved_bytes", 1 << 20),
                 entry("compressed_space_bytes", 1 << 20),
+                entry("metadata_bytes", 7_759_462),
+                entry("pages", 262_144),
             ],
         };
         let text = table("127.0.0.1:7400", 1, &stats);
@@ -242,5 +249,6 @@ mod tests {
         assert!(text.contains("1.0 GiB (auto"), "{text}");
         assert!(text.contains("PSI some avg10 1.50 %"), "{text}");
         assert!(text.contains("1.0 MiB saved on 512 pages, held in 1.0 MiB"), "{text}");
+        assert!(text.contains("7.4 MiB metadata (29.6 B a page)"), "{text}");
     }
 }
