@@ -44,9 +44,10 @@ const THREADS_VAR: &str = "FALLOW_BENCH_THREADS";
 /// weighs on a page).
 const SHARDS_VAR: &str = "FALLOW_BENCH_SHARDS";
 /// (a)'s cases at the bench's size (`metadata_case`).
-const CASES: [&str; 6] = [
+const CASES: [&str; 7] = [
     "ephemeral",
     "ephemeral-churn",
+    "ephemeral-random",
     "ephemeral-tenth",
     "ephemeral-small",
     "persistent",
@@ -175,6 +176,20 @@ fn lone_key(pool: fallow_core::PoolId, i: u64) -> PageKey {
     PageKey::new(pool, i, 0)
 }
 
+/// How many keys `random_key` draws from (set by the case before its fill).
+static RANDOM_KEYS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// The key of the `i`-th put when each is drawn at random (a fixed hash of `i`) from
+/// `RANDOM_KEYS` keys, 1024 pages to an object: a cache that holds a share of them keeps
+/// that share of each run of 64 pages.
+fn random_key(pool: fallow_core::PoolId, i: u64) -> PageKey {
+    let keys = RANDOM_KEYS.load(std::sync::atomic::Ordering::Relaxed);
+    let mut z = i.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    key(pool, (z ^ (z >> 31)) % keys)
+}
+
 /// The key of page `i` when objects are 128 pages (512 KiB) long: two runs each, fewer
 /// than a shard has, so which shards an object's runs land on is left to its hash.
 fn small_object_key(pool: fallow_core::PoolId, i: u64) -> PageKey {
@@ -199,6 +214,13 @@ fn metadata_case(sizes: Sizes, kind: &str) {
         "ephemeral-churn" => (PoolSpec::ephemeral(), key, 3),
         "ephemeral-tenth" => (PoolSpec::ephemeral(), tenth_key, 1),
         "ephemeral-small" => (PoolSpec::ephemeral(), small_object_key, 1),
+        // The steady state of random keys over three times what fits (`fallow bench
+        // pages --workload put` against a node).
+        "ephemeral-random" => {
+            let pages = (sizes.metadata_budget / PAGE_SIZE) as u64;
+            RANDOM_KEYS.store(3 * pages, std::sync::atomic::Ordering::Relaxed);
+            (PoolSpec::ephemeral(), random_key, 3)
+        }
         _ => (PoolSpec::ephemeral(), key, 1),
     };
     let (before, anon_before) = (rss_bytes(), status_bytes("RssAnon:"));
@@ -304,7 +326,8 @@ fn metadata(sizes: Sizes) {
     println!(
         "Pages are 1024 to an object, except in `persistent-lone`: one page per object, \
          `ephemeral-small`: 128, and `ephemeral-tenth`: a tenth of one volume's pages, one \
-         in each ten indexes. \
+         in each ten indexes. `ephemeral-random` put three times as many pages as fit, each \
+         under a key drawn at random from three times as many keys as fit. \
          `ephemeral-churn` put three times as many pages as fit (the cache's steady state).\n"
     );
     println!("| pool | shards | pages | mapped MiB | self-reported B/page | RSS delta − page bytes, B/page | RssAnon delta − page bytes, B/page | ≤ 32 B/page |");
