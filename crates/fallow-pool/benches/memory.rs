@@ -145,7 +145,7 @@ fn fill_keyed(
     e: &Engine,
     spec: &PoolSpec,
     what: &str,
-    key: fn(fallow_core::PoolId, u64) -> PageKey,
+    key: impl Fn(fallow_core::PoolId, u64) -> PageKey,
     passes: u64,
 ) -> Filled {
     let pool = e.create_pool(spec).expect("pool created");
@@ -176,18 +176,11 @@ fn lone_key(pool: fallow_core::PoolId, i: u64) -> PageKey {
     PageKey::new(pool, i, 0)
 }
 
-/// How many keys `random_key` draws from (set by the case before its fill).
-static RANDOM_KEYS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-
 /// The key of the `i`-th put when each is drawn at random (a fixed hash of `i`) from
-/// `RANDOM_KEYS` keys, 1024 pages to an object: a cache that holds a share of them keeps
-/// that share of each run of 64 pages.
-fn random_key(pool: fallow_core::PoolId, i: u64) -> PageKey {
-    let keys = RANDOM_KEYS.load(std::sync::atomic::Ordering::Relaxed);
-    let mut z = i.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    key(pool, (z ^ (z >> 31)) % keys)
+/// `keys` keys, 1024 pages to an object: a cache that holds a share of them keeps that
+/// share of each run of 64 pages.
+fn random_key(pool: fallow_core::PoolId, i: u64, keys: u64) -> PageKey {
+    key(pool, xxhash_rust::xxh3::xxh3_64(&i.to_le_bytes()) % keys)
 }
 
 /// The key of page `i` when objects are 128 pages (512 KiB) long: two runs each, fewer
@@ -206,22 +199,21 @@ fn tenth_key(pool: fallow_core::PoolId, i: u64) -> PageKey {
 
 /// (a), run in a child process: prints one `RESULT` line for the parent.
 fn metadata_case(sizes: Sizes, kind: &str) {
-    let (spec, key_of, passes): (_, fn(_, _) -> _, _) = match kind {
-        "persistent" => (PoolSpec::persistent(), key, 1),
-        "persistent-lone" => (PoolSpec::persistent(), lone_key, 1),
+    let random_keys = 3 * (sizes.metadata_budget / PAGE_SIZE) as u64;
+    let (spec, key_of, passes): (_, Box<dyn Fn(_, _) -> _>, _) = match kind {
+        "persistent" => (PoolSpec::persistent(), Box::new(key), 1),
+        "persistent-lone" => (PoolSpec::persistent(), Box::new(lone_key), 1),
         // A cache in its steady state: it has evicted twice its size, so its tables have
         // seen as many removals as inserts.
-        "ephemeral-churn" => (PoolSpec::ephemeral(), key, 3),
-        "ephemeral-tenth" => (PoolSpec::ephemeral(), tenth_key, 1),
-        "ephemeral-small" => (PoolSpec::ephemeral(), small_object_key, 1),
+        "ephemeral-churn" => (PoolSpec::ephemeral(), Box::new(key), 3),
+        "ephemeral-tenth" => (PoolSpec::ephemeral(), Box::new(tenth_key), 1),
+        "ephemeral-small" => (PoolSpec::ephemeral(), Box::new(small_object_key), 1),
         // The steady state of random keys over three times what fits (`fallow bench
         // pages --workload put` against a node).
         "ephemeral-random" => {
-            let pages = (sizes.metadata_budget / PAGE_SIZE) as u64;
-            RANDOM_KEYS.store(3 * pages, std::sync::atomic::Ordering::Relaxed);
-            (PoolSpec::ephemeral(), random_key, 3)
+            (PoolSpec::ephemeral(), Box::new(move |pool, i| random_key(pool, i, random_keys)), 3)
         }
-        _ => (PoolSpec::ephemeral(), key, 1),
+        _ => (PoolSpec::ephemeral(), Box::new(key), 1),
     };
     let (before, anon_before) = (rss_bytes(), status_bytes("RssAnon:"));
     let e = engine(sizes.metadata_budget);
