@@ -3,8 +3,9 @@
 //! on two threads at once.
 //!
 //! Every engine here has a 64 MiB budget (16384 frames) and holds 8192 pages with unique,
-//! non-fill contents, so every get and take hits and no put evicts. Default shard count,
-//! default eviction policy, background compression off. The 8192 pages (32 MiB) are more
+//! non-fill contents, so every get and take hits and no put evicts. Default shard count
+//! (`FALLOW_BENCH_SHARDS=N` sets another: how the two-thread benches wait on shared
+//! shards), default eviction policy, background compression off. The 8192 pages (32 MiB) are more
 //! than a last-level cache, so copies in and out touch memory, as a real page cache does.
 //!
 //! Run with `cargo bench -p fallow-pool --bench engine` (or `bash bench/engine.sh`, which
@@ -55,8 +56,12 @@ struct Fixture {
 
 impl Fixture {
     fn new(dedup: bool, fill: bool) -> Self {
-        let config =
-            with_policy_from_env(EngineBuilder::new(BUDGET)).compress_interval(None).build();
+        let mut builder = with_policy_from_env(EngineBuilder::new(BUDGET)).compress_interval(None);
+        if let Some(shards) = std::env::var("FALLOW_BENCH_SHARDS").ok().and_then(|v| v.parse().ok())
+        {
+            builder = builder.shards(shards);
+        }
+        let config = builder.build();
         let engine = Engine::new(config.expect("a valid bench configuration"));
         let spec = if dedup {
             PoolSpec::ephemeral()

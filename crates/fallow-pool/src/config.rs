@@ -57,9 +57,9 @@ pub const MAX_BUDGET_BYTES: usize = (1 << 29) * fallow_core::PAGE_SIZE;
 pub const MIN_SHARD_PAGES: usize = 1 << 14;
 
 /// Shards a default engine has however small its budget, CPUs allowing: two threads
-/// calling one engine of a single shard took 1.3 µs a get, 0.54–0.62 µs in 4 shards and
-/// 0.68–0.70 µs in 8 (`2threads/get_hit+get_hit`, 64 MiB, this repository's 2-CPU
-/// machine).
+/// calling one engine of a single shard took 0.84–0.85 µs a get, 0.53–0.57 µs in 4 shards
+/// and 0.57 µs in 8 (`FALLOW_BENCH_SHARDS=N cargo bench -p fallow-pool --bench engine --
+/// 2threads/get_hit.get_hit`, 64 MiB, this repository's 2-CPU machine).
 const FEW_SHARDS: usize = 4;
 
 /// The default shard count for `cpus` CPUs and an engine that may lend up to `most_pages`
