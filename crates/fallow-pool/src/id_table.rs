@@ -708,10 +708,8 @@ mod tests {
         let h = |id: u32| hash_of(id, false);
         let mut t = IdTable::<Folded>::default();
         t.expect(1000);
-        let cap = {
-            (0..1000).for_each(|id| t.insert_unique(h(id), id, h));
-            t.capacity() as u32
-        };
+        (0..1000).for_each(|id| t.insert_unique(h(id), id, h));
+        let cap = t.capacity() as u32;
         // A few inserts past the capacity: the table grows, and stops moving old groups
         // when the inserts stop.
         (1000..cap + 3).for_each(|id| t.insert_unique(h(id), id, h));
