@@ -178,20 +178,21 @@ fn lone_key(pool: fallow_core::PoolId, i: u64) -> PageKey {
 
 /// The key of the `i`-th put when each is drawn at random (a fixed hash of `i`) from
 /// `keys` keys, 1024 pages to an object: a cache that holds a share of them keeps that
-/// share of each run of 64 pages.
+/// share of each run of 128 pages.
 fn random_key(pool: fallow_core::PoolId, i: u64, keys: u64) -> PageKey {
     key(pool, xxhash_rust::xxh3::xxh3_64(&i.to_le_bytes()) % keys)
 }
 
-/// The key of page `i` when objects are 128 pages (512 KiB) long: two runs each, fewer
-/// than a shard has, so which shards an object's runs land on is left to its hash.
+/// The key of page `i` when objects are 128 pages (512 KiB) long and their ids are hashes
+/// (of names, say): one run each, so which shard an object lands on is left to its hash.
+/// (Objects numbered in order tile the shards exactly, `shard::shard_of`.)
 fn small_object_key(pool: fallow_core::PoolId, i: u64) -> PageKey {
-    PageKey::new(pool, i / 128, i % 128)
+    PageKey::new(pool, xxhash_rust::xxh3::xxh3_64(&(i / 128).to_le_bytes()), i % 128)
 }
 
 /// The key of page `i` when the cache holds a tenth of one large volume, scattered: one
-/// page in each ten consecutive indexes, at a position that varies, so a run of 64 indexes
-/// holds ~6.4 cached pages and its span is shared by few.
+/// page in each ten consecutive indexes, at a position that varies, so a run of 128
+/// indexes holds ~13 cached pages and its span is shared by few.
 fn tenth_key(pool: fallow_core::PoolId, i: u64) -> PageKey {
     let spread = (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % 10;
     PageKey::new(pool, 0, i * 10 + spread)
@@ -317,7 +318,7 @@ fn metadata(sizes: Sizes) {
     );
     println!(
         "Pages are 1024 to an object, except in `persistent-lone`: one page per object, \
-         `ephemeral-small`: 128, and `ephemeral-tenth`: a tenth of one volume's pages, one \
+         `ephemeral-small`: 128 under hashed object ids, and `ephemeral-tenth`: a tenth of one volume's pages, one \
          in each ten indexes. `ephemeral-random` put three times as many pages as fit, each \
          under a key drawn at random from three times as many keys as fit. \
          `ephemeral-churn` put three times as many pages as fit (the cache's steady state).\n"

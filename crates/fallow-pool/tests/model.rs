@@ -79,12 +79,12 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     let pool = 0..POOLS;
     let object = 0u64..4;
-    // Mostly the first run of 64 indexes (where the batches write), some across its end
+    // Mostly the first run of 128 indexes (where the batches write), some across its end
     // and far away, so that objects cover several of the index's spans.
     let index = prop_oneof![
         4 => 0u64..12,
-        2 => 60u64..68,
-        1 => prop::sample::select(vec![1 << 40, (1 << 40) + 63, u64::MAX - 64, u64::MAX]),
+        2 => 124u64..132,
+        1 => prop::sample::select(vec![1 << 40, (1 << 40) + 127, u64::MAX - 128, u64::MAX]),
     ];
     prop_oneof![
         8 => (pool.clone(), object.clone(), index.clone(), any::<u8>())

@@ -64,7 +64,7 @@ pub(crate) struct Inner {
     pub(crate) pools: RwLock<PoolTable>,
     /// The live pools as of the last change of `pools`, published under its write lock.
     pub(crate) pool_snapshot: PoolSnapshot,
-    /// Index shards, chosen by the key's run of 64 indexes (`shard::shard_of`).
+    /// Index shards, chosen by the key's run of 128 indexes (`shard::shard_of`).
     /// `parking_lot` mutexes: each is held for one index operation (with a get's copy of
     /// its page) and never across blocking work; all of them by a shrink step and a
     /// compression pass.
@@ -569,19 +569,45 @@ mod tests {
     fn runs_spread_over_every_shard_and_a_runs_pages_share_one() {
         let e = Engine::new(EngineBuilder::new(1 << 20).shards(8).build().unwrap());
         let shard_of = |object, index| e.inner().shard_of(&PageKey::new(PoolId(0), object, index));
+        let run = crate::shard::RUN_PAGES;
         let mut objects = [0; 8];
+        let mut hashed = [0; 8];
         let mut runs = [0; 8];
         let mut strided = [0; 8];
         for i in 0..800 {
             objects[shard_of(i, 0)] += 1;
-            runs[shard_of(0, i * 64)] += 1;
-            strided[shard_of(0, i * 8 * 64)] += 1;
-            assert_eq!(shard_of(i, i * 64), shard_of(i, i * 64 + 63), "one run, one shard");
+            hashed[shard_of(crate::shard::mix64(i), 0)] += 1;
+            runs[shard_of(0, i * run)] += 1;
+            strided[shard_of(0, i * 8 * run)] += 1;
+            assert_eq!(shard_of(i, i * run), shard_of(i, i * run + run - 1), "one run, one shard");
         }
         assert_eq!(runs, [100; 8], "a dense object's runs spread exactly");
+        assert_eq!(objects, [100; 8], "so do the first runs of objects numbered in order");
         // 100 a shard on average; ±40 is over four standard deviations.
-        for count in objects.iter().chain(&strided) {
-            assert!((60..=140).contains(count), "{objects:?} {strided:?}");
+        for count in hashed.iter().chain(&strided) {
+            assert!((60..=140).contains(count), "{hashed:?} {strided:?}");
+        }
+    }
+
+    #[test]
+    fn objects_of_fewer_runs_than_shards_numbered_in_order_cover_each_shard_once() {
+        // A 4 MiB object is 8 runs: half of a 16-shard engine's shards. Any aligned block
+        // of objects that together have as many runs as there are shards covers each once.
+        let e = Engine::new(EngineBuilder::new(1 << 20).shards(16).build().unwrap());
+        let shard_of = |object, index| e.inner().shard_of(&PageKey::new(PoolId(3), object, index));
+        let run = crate::shard::RUN_PAGES;
+        for runs_per_object in [1, 2, 4, 8, 16, 32] {
+            let per_block = (16 / runs_per_object).max(1);
+            for first in (0..64).step_by(per_block as usize) {
+                let mut count = [0; 16];
+                for object in first..first + per_block {
+                    for r in 0..runs_per_object {
+                        count[shard_of(object, r * run + object % run)] += 1;
+                    }
+                }
+                let each = (runs_per_object / 16).max(1);
+                assert_eq!(count, [each; 16], "{runs_per_object} runs an object, from {first}");
+            }
         }
     }
 }

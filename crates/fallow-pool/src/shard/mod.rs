@@ -5,14 +5,14 @@
 //!  index: IdTable (slot ids)  ──hash(key)──▶  slots[id] { value, span · position }
 //!                                                          │      │
 //!  fills: fill id ──▶ word ◀───────────────────────────────┘      │
-//!  spans: (pool, object, run of 64 indexes, page bitmap) ◀────────┘
+//!  spans: (pool, object, run of 128 indexes, page bitmap) ◀───────┘
 //!           heads: (pool, object) ──▶ span ⇄ span ⇄ …
 //! ```
 //!
 //! The index is a cuckoo hash table of slot ids (4 bytes a slot, each id's control byte
 //! folded into its top byte, sized to the shard's capacity: [`crate::id_table`]) hashed by
 //! the page's key; the key itself is stored
-//! once, split between the slot (the page's position in its run of 64 indexes) and the
+//! once, split between the slot (the page's position in its run of 128 indexes) and the
 //! span table (pool, object and run, shared by all of a run's pages). Each object's
 //! spans form a list, so invalidating an object walks exactly its runs, and each run's
 //! bitmap says which of its pages are here. Slots are dense ids, reused, so that policies
@@ -32,11 +32,13 @@ use crate::eviction::{Eviction, SlotId};
 use crate::id_table::{Folded, IdTable};
 use crate::store::ContentId;
 use fills::Fills;
+#[cfg(test)]
+pub(crate) use spans::RUN_PAGES;
 use spans::{position, SpanRef, Spans, NIL, RUN_BITS};
 
 /// The most pages one shard holds, 2²⁴ − 1 (64 GiB of distinct pages): slot ids must fit
 /// the policies' 24-bit links (`eviction::list::NARROW_MAX_ID`), and each page may need a
-/// span of its own (span ids have 26 bits, `spans::MAX_SPANS`). The engine caps a shard's
+/// span of its own (span ids have 25 bits, `spans::MAX_SPANS`). The engine caps a shard's
 /// entries below it, and picks enough shards for its budget
 /// ([`crate::EngineBuilder::build`]).
 pub const MAX_PAGES: usize = {
@@ -66,24 +68,35 @@ pub(crate) fn key_hash(key: &PageKey) -> u64 {
     xxhash_rust::xxh3::xxh3_64(&b)
 }
 
-/// Which of `shards` (a power of two) holds `key`. By the run of 64 indexes it falls in
+/// Which of `shards` (a power of two) holds `key`. By the run of 128 indexes it falls in
 /// ([`spans::run`]), not the key, so that a run's pages share one shard and one span, and
-/// the span's 36 bytes are split between up to 64 pages instead of a few.
+/// the span's 44 bytes are split between up to 128 pages instead of a few.
 ///
 /// Each aligned group of `shards` consecutive runs of an object goes one run to a shard,
 /// rotated by an offset hashed from the object and the group. With every run placed by
-/// hash, a shard's share of a cache of dense objects varied √64 = 8 times more than with
-/// keys placed one by one (±8 % of a shard at 256 MiB in 8 shards, one standard
-/// deviation), so full shards outgrew the tables sized for them while others had room.
-/// Rotating within a group makes a dense object's share exact, and the hashed offset
-/// keeps runs that are a multiple of `shards` apart (a file system's per-group metadata,
-/// say) on shards picked by hash, not all on one.
+/// hash, a shard's share of a cache of dense objects varied √128 ≈ 11 times more than
+/// with keys placed one by one, so full shards outgrew the tables sized for them while
+/// others had room. Rotating within a group makes a large object's share exact, and the
+/// hashed offset keeps runs that are a multiple of `shards` apart (a file system's
+/// per-group metadata, say) on shards picked by hash, not all on one.
+///
+/// An object of fewer runs than shards covers only some of them: a 4 MiB object has 8
+/// runs, half of 16 shards. With an offset hashed per object, which half was chance, and
+/// a cache of such objects in 16 shards was resident for 2.8 B a page more than with 8
+/// (session 16). So objects are taken in aligned blocks of `shards` consecutive ids that
+/// share the hashed offset, and each adds its id within the block with its bits reversed:
+/// ids 0 and 1 of a block start half the shards apart, ids 0–3 a quarter apart, and so
+/// on. Any aligned pair of consecutive objects of `shards / 2` runs covers every shard
+/// once, any four of `shards / 4` runs, down to `shards` objects of one run. Objects whose
+/// ids are hashes land as they did.
 pub(crate) fn shard_of(key: &PageKey, shards: usize) -> usize {
     debug_assert!(shards.is_power_of_two(), "{shards} shards");
+    let bits = shards.trailing_zeros();
     let run = spans::run(key.index);
-    let group = run >> shards.trailing_zeros();
-    let offset = spans::group_hash(key.pool, key.object, group) >> 32;
-    (offset.wrapping_add(run) as usize) & (shards - 1)
+    let offset = spans::group_hash(key.pool, key.object >> bits, run >> bits) >> 32;
+    // The id's low `bits` bits, reversed; none with one shard.
+    let spread = key.object.reverse_bits().checked_shr(64 - bits).unwrap_or(0);
+    (offset.wrapping_add(run).wrapping_add(spread) as usize) & (shards - 1)
 }
 
 /// What an index entry holds in place of page bytes.
@@ -427,7 +440,7 @@ impl Shard {
         let mut ephemeral = 0;
         let mut live = 0;
         let mut fills = std::collections::HashMap::new();
-        let mut bits = std::collections::HashMap::<SpanRef, u64>::new();
+        let mut bits = std::collections::HashMap::<SpanRef, spans::Bits>::new();
         for (id, slot) in self.slots() {
             live += 1;
             let s = self.slots[id as usize];

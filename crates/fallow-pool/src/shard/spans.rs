@@ -1,13 +1,26 @@
-//! The spans of one shard: runs of 64 consecutive page indexes of one object, each
+//! The spans of one shard: runs of 128 consecutive page indexes of one object, each
 //! with a bitmap of the pages this shard holds in it.
 //!
 //! A slot names its page by a span and a position (4 bytes) instead of repeating the
 //! pool, the object and the 8-byte index, and the spans of an object form a list, so
 //! invalidating an object walks its spans instead of the whole index. The objects fallow
 //! is built for (volumes, files, 4 MiB backing objects) are dense: their pages share
-//! spans, and a span's 36 bytes cost each of them well under a byte. A page alone in
+//! spans, and a span's 44 bytes cost each of them well under a byte. A page alone in
 //! its run pays the whole span, which is still less than the 24-byte slot and 20-byte
 //! object entry it replaces for a one-page object.
+//!
+//! # Why runs of 128
+//! A cache rarely holds every page of a run: it keeps what was read, and evicts page by
+//! page. A span is shared by the run's pages *cached here*, so the longer the run, the
+//! more of them share it. Runs of 64 with a 64-bit bitmap (36-byte spans, until session
+//! 16) cost a cache of random keys in its steady state, holding a third of each run, 32.5 B
+//! a page at 256 MiB, and a cache holding a tenth of a volume's pages 36.5 B. Runs of 128
+//! (a 128-bit bitmap, 8 bytes more a span) cost 31.7 B and 33.6 B, and a dense object 0.3 B
+//! less. A page alone in its run pays the 8 bytes: one page per object 68.8 → 76.8 B, the
+//! layout `docs/semantics.md` already advises against. Longer runs would halve less and
+//! cost a lone page 16 bytes more each time, and would give a 4 MiB object fewer runs
+//! than a large engine has shards (`shard::shard_of` spreads consecutive objects so that
+//! this costs nothing when they are numbered in order; RFC 0001, session 16).
 //!
 //! Two tables find spans: `by_key` by `(pool, object, run)`, for a put; `heads` by
 //! `(pool, object)`, the first span of each object's list, for an invalidation. An object
@@ -24,14 +37,22 @@ pub type SpanRef = u32;
 pub const NIL: u32 = u32::MAX;
 
 /// log2 of the pages of one span.
-pub const RUN_BITS: u32 = 6;
+pub const RUN_BITS: u32 = 7;
+
+/// The pages of one span, 128.
+pub const RUN_PAGES: u64 = 1 << RUN_BITS;
+
+/// A span's page bitmap: bit `p` for the page at position `p`.
+pub type Bits = u128;
+
+const _: () = assert!(Bits::BITS as u64 == RUN_PAGES, "a bit for each page of a run");
 
 /// The position of page `index` within its span.
 pub const fn position(index: u64) -> u32 {
     (index & ((1 << RUN_BITS) - 1)) as u32
 }
 
-/// The number of the run of 64 indexes that page `index` falls in.
+/// The number of the run of [`RUN_PAGES`] indexes that page `index` falls in.
 pub const fn run(index: u64) -> u64 {
     index >> RUN_BITS
 }
@@ -58,10 +79,10 @@ pub struct Span {
     pub pool: PoolId,
     /// Its object.
     pub object: ObjectId,
-    /// Which run of 64 indexes it covers ([`run`]).
+    /// Which run of [`RUN_PAGES`] indexes it covers ([`run`]).
     pub run: u64,
     /// Bit `p` set: the page at position `p` is in this shard.
-    pub pages: u64,
+    pub pages: Bits,
     /// The next span of the same object (`NIL` at the end).
     pub next: SpanRef,
     /// The pool is persistent (its pages are never evicted). Kept here rather than in
@@ -69,14 +90,14 @@ pub struct Span {
     pub persistent: bool,
 }
 
-/// An [`Span`] as stored: 36 bytes, aligned to 4 (the 64-bit fields as halves). A free
-/// entry has no page.
+/// A [`Span`] as stored: 44 bytes, aligned to 4 (the 64- and 128-bit fields as 32-bit
+/// words, low first). A free entry has no page.
 #[derive(Debug, Clone, Copy)]
 struct Packed {
     object: [u32; 2],
-    /// The run, and `PERSISTENT` in the top bit (a run has at most 58 bits).
+    /// The run, and `PERSISTENT` in the top bit (a run has at most 57 bits).
     run: [u32; 2],
-    pages: [u32; 2],
+    pages: [u32; 4],
     pool: PoolId,
     next: SpanRef,
     prev: SpanRef,
@@ -93,20 +114,28 @@ fn join(x: [u32; 2]) -> u64 {
     u64::from(x[0]) | (u64::from(x[1]) << 32)
 }
 
+fn split_bits(x: Bits) -> [u32; 4] {
+    std::array::from_fn(|i| (x >> (32 * i)) as u32)
+}
+
+fn join_bits(x: [u32; 4]) -> Bits {
+    x.iter().rev().fold(0, |acc, &w| (acc << 32) | Bits::from(w))
+}
+
 impl Packed {
     fn get(&self) -> Span {
         Span {
             pool: self.pool,
             object: join(self.object),
             run: join([self.run[0], self.run[1] & !PERSISTENT]),
-            pages: join(self.pages),
+            pages: join_bits(self.pages),
             next: self.next,
             persistent: self.run[1] & PERSISTENT != 0,
         }
     }
 
     fn is_free(&self) -> bool {
-        self.pages == [0, 0]
+        self.pages == [0; 4]
     }
 
     fn is_object(&self, pool: PoolId, object: ObjectId) -> bool {
@@ -234,10 +263,10 @@ impl Spans {
         };
         let e = &mut self.entries[r as usize];
         debug_assert_eq!(e.run[1] & PERSISTENT != 0, persistent, "an object changed kind");
-        let pages = join(e.pages);
-        let bit = 1u64 << position(index);
+        let pages = join_bits(e.pages);
+        let bit: Bits = 1 << position(index);
         debug_assert!(pages & bit == 0, "page {index} recorded twice");
-        e.pages = split(pages | bit);
+        e.pages = split_bits(pages | bit);
         Some(r)
     }
 
@@ -255,12 +284,12 @@ impl Spans {
         }
         let head = self.head(pool, object);
         let mut high = split(run);
-        debug_assert!(high[1] & PERSISTENT == 0, "a run has at most 58 bits");
+        debug_assert!(high[1] & PERSISTENT == 0, "a run has at most 57 bits");
         if persistent {
             high[1] |= PERSISTENT;
         }
         let fresh =
-            Packed { object: split(object), run: high, pages: [0, 0], pool, next: NIL, prev: NIL };
+            Packed { object: split(object), run: high, pages: [0; 4], pool, next: NIL, prev: NIL };
         let Spans { entries, free, by_key, heads, expected } = self;
         let reserve = if *expected * size_of::<Packed>() >= RESERVE_BYTES { *expected } else { 0 };
         let r = crate::dense::place_expecting(entries, free, fresh, reserve);
@@ -284,10 +313,10 @@ impl Spans {
     /// Forgets the page at `position` of span `r`, and the span with its last page.
     pub fn remove_page(&mut self, r: SpanRef, position: u32) {
         let e = &mut self.entries[r as usize];
-        let pages = join(e.pages);
-        let bit = 1u64 << position;
+        let pages = join_bits(e.pages);
+        let bit: Bits = 1 << position;
         debug_assert!(pages & bit != 0, "span {r} has no page at {position}");
-        e.pages = split(pages & !bit);
+        e.pages = split_bits(pages & !bit);
         if pages == bit {
             self.remove(r);
         }
@@ -392,19 +421,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_span_packs_into_36_bytes_and_round_trips() {
-        assert_eq!(std::mem::size_of::<Packed>(), 36);
+    fn a_span_packs_into_44_bytes_and_round_trips() {
+        assert_eq!(std::mem::size_of::<Packed>(), 44);
         let mut t = Spans::default();
-        for (pool, object, index, persistent) in
-            [(u32::MAX, u64::MAX, u64::MAX, true), (7, 0, 0, false), (7, 0, 65, false)]
-        {
+        for (pool, object, index, persistent) in [
+            (u32::MAX, u64::MAX, u64::MAX, true),
+            (7, 0, 0, false),
+            (7, 1, 65, false),
+            (7, 2, 127, false),
+            (7, 3, 128 + 96, false),
+        ] {
             let r = t.add_page(PoolId(pool), object, index, persistent).unwrap();
             let e = t.get(r);
             assert_eq!((e.pool, e.object, e.run), (PoolId(pool), object, run(index)));
             assert_eq!(e.pages, 1 << position(index));
             assert_eq!(e.persistent, persistent);
             assert!(t.covers(r, PoolId(pool), object, index));
-            assert!(!t.covers(r, PoolId(pool), object, index ^ 64));
+            assert!(!t.covers(r, PoolId(pool), object, index ^ RUN_PAGES));
         }
         t.validate();
     }
@@ -412,16 +445,17 @@ mod tests {
     #[test]
     fn pages_of_one_run_share_a_span_and_its_last_page_frees_it() {
         let mut t = Spans::default();
-        let a = t.add_page(PoolId(1), 9, 128, false).unwrap();
-        let b = t.add_page(PoolId(1), 9, 191, false).unwrap();
+        let a = t.add_page(PoolId(1), 9, 256, false).unwrap();
+        let b = t.add_page(PoolId(1), 9, 383, false).unwrap();
         assert_eq!(a, b, "one run, one span");
-        let c = t.add_page(PoolId(1), 9, 192, false).unwrap();
+        assert_eq!(t.get(a).pages, 1 | 1 << 127, "the bitmap's first and last bits");
+        let c = t.add_page(PoolId(1), 9, 384, false).unwrap();
         assert_ne!(a, c, "the next run has its own");
         assert_eq!(t.len(), 2);
         t.validate();
-        t.remove_page(a, position(128));
+        t.remove_page(a, position(256));
         assert_eq!(t.len(), 2, "a page is left");
-        t.remove_page(a, position(191));
+        t.remove_page(a, position(383));
         assert_eq!(t.len(), 1);
         assert_eq!(t.find(PoolId(1), 9, 130), None);
         t.validate();
@@ -437,8 +471,8 @@ mod tests {
             let mut t = Spans::default();
             let mut refs = Vec::new();
             for i in 0..4u64 {
-                refs.push(t.add_page(PoolId(1), 5, i * 64, false).unwrap());
-                t.add_page(PoolId(1), 6, i * 64, false).unwrap();
+                refs.push(t.add_page(PoolId(1), 5, i * RUN_PAGES, false).unwrap());
+                t.add_page(PoolId(1), 6, i * RUN_PAGES, false).unwrap();
             }
             t.validate();
             let mut left: Vec<u64> = (0..4).collect();
