@@ -17,10 +17,11 @@
 //! a page at 256 MiB, and a cache holding a tenth of a volume's pages 36.5 B. Runs of 128
 //! (a 128-bit bitmap, 8 bytes more a span) cost 31.7 B and 33.6 B, and a dense object 0.3 B
 //! less. A page alone in its run pays the 8 bytes: one page per object 68.8 → 76.8 B, the
-//! layout `docs/semantics.md` already advises against. Longer runs would halve less and
-//! cost a lone page 16 bytes more each time, and would give a 4 MiB object fewer runs
-//! than a large engine has shards (`shard::shard_of` spreads consecutive objects so that
-//! this costs nothing when they are numbered in order; RFC 0001, session 16).
+//! layout `docs/semantics.md` already advises against. Runs of 256 would save less again
+//! (most pages already pay under a byte or two for their span) for 16 bytes more on a
+//! lone page. A 4 MiB object is now 8 runs, fewer than a large engine's shards:
+//! `shard::shard_of` places consecutive objects so that this costs nothing when they are
+//! numbered in order (RFC 0001, "Session 16").
 //!
 //! Two tables find spans: `by_key` by `(pool, object, run)`, for a put; `heads` by
 //! `(pool, object)`, the first span of each object's list, for an invalidation. An object
