@@ -711,6 +711,18 @@ fn issue_2_pages_scattered_over_a_volume_share_their_runs_records() {
     assert!(persistent <= 27.0, "{persistent:.1} B of metadata per scattered page");
 }
 
+#[test]
+fn issue_2_a_page_alone_in_its_object_pays_a_whole_span_and_no_more() {
+    // The key layout's worst case: one page per object, each with a span (44 B), a span
+    // table entry and an object list head of its own. 77.4 B a page at this size with runs
+    // of 128, 69.4 B with runs of 64 (36-byte spans, until session 16); docs/semantics.md
+    // advises numbering small items as pages of a few objects instead.
+    let lone = |i: u64| (i, 0);
+    let persistent = metadata_per_page_at(16_384, &PoolSpec::persistent(), lone);
+    eprintln!("metadata per page at 64 MiB, one page per object: persistent {persistent:.1} B");
+    assert!(persistent <= 78.0, "{persistent:.1} B of metadata per lone page");
+}
+
 /// An engine of 1024 pages in one shard and no background thread whose index has just
 /// grown past its expected size and stopped inserting, with its pool and how many
 /// same-filled pages it holds (keys `(pool, 0, 0..n)`). Same-filled pages cost an index
