@@ -95,9 +95,9 @@ pub struct EngineStats {
     pub shards: usize,
     /// Eviction policy.
     pub policy: &'static str,
-    /// The small-queue share of the capacity, in percent, that the policy chose from the
-    /// workload, if it chooses one (`s3fifo-lean`, the default: 1, 10, or 100 when the
-    /// workload is best served by LRU); one choice for the whole engine.
+    /// The small-queue share of the capacity, in percent (rounded), that the policy chose
+    /// from the workload, if it chooses one (`s3fifo-lean`, the default: 1 to 100, 100 when
+    /// the workload is best served by LRU); one share for the whole engine.
     pub small_share_percent: Option<u8>,
     /// Every pool.
     pub pools: Vec<PoolStats>,
