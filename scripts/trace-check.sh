@@ -3,8 +3,8 @@
 # build and fails if the default eviction policy regresses (see bench/trace_compare.py).
 # The goal of issue #2 is stricter than these bounds and is not met on every row yet:
 # BENCHMARKS.md shows where. The bounds sit just outside today's measured results for the
-# default `s3fifo-lean` (worst row +0.008 over LRU, +0.037 over the best reference policy
-# on seeds 0-1; mean reduction 11.2 %, which meets the goal), so a change that makes the policy worse
+# default `s3fifo-lean` (worst row +0.008 over LRU, +0.030 over the best reference policy
+# on seeds 0-1; mean reduction 11.4-11.5 %, which meets the goal), so a change that makes the policy worse
 # fails here, on either of two samples of the default's simulations (`--sim-seeds`: a
 # change that is good on one sample and bad on another is not good). Tighten them as the
 # policy improves. Skips cleanly when the traces are not there.
@@ -19,4 +19,4 @@ cargo build --release --locked -p fallow
 default=$(./target/release/fallow trace policies --default)
 python3 bench/trace_compare.py --fallow target/release/fallow --traces "$traces" \
     --policies "lru,$default" --default "$default" --check \
-    --max-over-lru 0.012 --max-over-best 0.05 --min-mean-reduction 0.105 --sim-seeds 0,1
+    --max-over-lru 0.012 --max-over-best 0.04 --min-mean-reduction 0.11 --sim-seeds 0,1
