@@ -35,11 +35,10 @@
 //! epoch. A choice had to trade late moves (the lag that lost lirs_gli) against moves on
 //! small leads (lirs_cpp at 306 pages flapped to LRU on a one-miss lead of exact
 //! simulations, lirs_multi1 at 652 on one of 6 misses). A blend moves as far as the
-//! evidence goes, and the evidence must
-//! be worth the move. On the shared traces, sample seeds 0–3 (RFC 0001, "Session 16"):
-//! criterion 1 fails on 2 rows instead of 4–5 (worst +0.008 either way), criterion 3 on 2
-//! instead of 5–6 (worst +0.030 instead of +0.037–0.042), and the mean reduction is
-//! 11.5 % instead of 10.8–11.0 %.
+//! evidence goes, and the evidence must be worth the move. On the shared traces, sample
+//! seeds 0–3 (RFC 0001, "Session 16"): criterion 1 fails on 2 rows instead of 4–5 (worst
+//! +0.008 either way), criterion 3 on 2 instead of 5–6 (worst +0.030 instead of
+//! +0.037–0.042), and the mean reduction is 11.4–11.5 % instead of 10.8–11.0 %.
 //!
 //! Simulations that see every access (an engine of at most `SIM_PAGES` pages) are exact
 //! copies of their shares, so there the factor √(1 − rate) is 0 and [`MIN_HURDLE`] alone
@@ -75,8 +74,8 @@ const INITIAL_SHARE: f64 = SHARES[1];
 /// √(1 − sample rate), see the module doc).
 const LEAD_Z: f64 = 2.0;
 /// The least hurdle, which is the whole of it for exact simulations: a trailing share's
-/// weight is e⁻¹ at t = 0.25 and e⁻⁴ at t = 0.5. On the shared traces (seed 0; c1 / c3
-/// rows failing, worst over LRU / over the best reference): 0.15 gave 2 / 4 (+0.008 /
+/// weight is e⁻¹ at t = 0.25 and e⁻⁴ at t = 0.5. On the shared traces (seed 0, before
+/// [`MOVE_WORTH`]; c1 / c3 rows failing, worst over LRU / over the best reference): 0.15 gave 2 / 4 (+0.008 /
 /// +0.039), 0.25 3 / 4 (+0.008 / +0.037), 0.35 3 / 4 (+0.012 / +0.034), 0.5 3 / 4 (+0.015 /
 /// +0.036), 1.0 5 / 4 (+0.023 / +0.031): lower hurdles suit the short traces that want
 /// LRU at once (lirs_sprite at 708 pages), higher ones those that want 1 % (lirs_multi1
