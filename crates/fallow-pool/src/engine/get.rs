@@ -101,9 +101,9 @@ impl Inner {
 
     /// The end of a get, with no lock held: checks its copy against the checksum found
     /// with it. On a mismatch the key is looked up again and its content judged under the
-    /// store lock ([`crate::store::Store::read`]): a corrupt content is a miss (and counted); one that the
-    /// key's entry no longer names was replaced meanwhile, and the key's page now is read
-    /// (and checked) under the lock instead.
+    /// store lock ([`crate::store::Store::read`]): a corrupt content is a miss (and
+    /// counted); one that the key's entry no longer names was replaced meanwhile, and the
+    /// key's page now is read (and checked) under the lock instead.
     fn check_copy(
         &self,
         copied: Copied,
