@@ -16,7 +16,9 @@ if [ ! -f "$traces/README.md" ]; then
     exit 0
 fi
 cargo build --release --locked -p fallow
-default=$(./target/release/fallow trace policies --default)
-python3 bench/trace_compare.py --fallow target/release/fallow --traces "$traces" \
+# Where cargo put it: CARGO_TARGET_DIR when set (a CI cache, a clean clone's test run).
+fallow="${CARGO_TARGET_DIR:-target}/release/fallow"
+default=$("$fallow" trace policies --default)
+python3 bench/trace_compare.py --fallow "$fallow" --traces "$traces" \
     --policies "lru,$default" --default "$default" --check \
     --max-over-lru 0.012 --max-over-best 0.04 --min-mean-reduction 0.11 --sim-seeds 0,1
