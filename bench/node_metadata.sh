@@ -59,6 +59,7 @@ measure() {
     "$fallow" bench pages --target "fallow://unix:$sock" --secret-file "$work/secret" \
         --keys "$keys" --quiet "$@" >"$work/bench.out" 2>&1 &
     local bench=$!
+    pids+=("$bench")
     local sample="" stat
     while kill -0 "$bench" 2>/dev/null; do
         sleep 1

@@ -56,12 +56,9 @@ struct Fixture {
 
 impl Fixture {
     fn new(dedup: bool, fill: bool) -> Self {
-        let mut builder = with_policy_from_env(EngineBuilder::new(BUDGET)).compress_interval(None);
-        if let Some(shards) = std::env::var("FALLOW_BENCH_SHARDS").ok().and_then(|v| v.parse().ok())
-        {
-            builder = builder.shards(shards);
-        }
-        let config = builder.build();
+        let config = support::bench_builder_from_env(EngineBuilder::new(BUDGET))
+            .compress_interval(None)
+            .build();
         let engine = Engine::new(config.expect("a valid bench configuration"));
         let spec = if dedup {
             PoolSpec::ephemeral()
@@ -314,12 +311,4 @@ fn main() {
     batch(&mut c);
     two_threads(&mut c);
     c.final_summary();
-}
-
-/// `FALLOW_BENCH_POLICY=NAME` benchmarks another eviction policy than the default.
-fn with_policy_from_env(builder: EngineBuilder) -> EngineBuilder {
-    match std::env::var("FALLOW_BENCH_POLICY") {
-        Ok(name) => builder.policy(&name),
-        Err(_) => builder,
-    }
 }

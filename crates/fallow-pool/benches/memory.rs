@@ -37,12 +37,6 @@ use fallow_pool::{BudgetReport, Engine, EngineBuilder};
 mod support;
 
 const MIB: usize = 1 << 20;
-/// Sizes an engine's default shards for this many threads instead of the CPUs here:
-/// what a larger host would run.
-const THREADS_VAR: &str = "FALLOW_BENCH_THREADS";
-/// An explicit shard count instead of the default, for `--case` runs (how a shard count
-/// weighs on a page).
-const SHARDS_VAR: &str = "FALLOW_BENCH_SHARDS";
 /// (a)'s cases at the bench's size (`metadata_case`).
 const CASES: [&str; 7] = [
     "ephemeral",
@@ -115,14 +109,8 @@ fn status_bytes(field: &str) -> usize {
 }
 
 fn engine(budget: usize) -> Engine {
-    let mut builder = with_policy_from_env(EngineBuilder::new(budget)).compress_interval(None);
-    if let Some(threads) = std::env::var(THREADS_VAR).ok().and_then(|v| v.parse().ok()) {
-        builder = builder.threads(threads);
-    }
-    if let Some(shards) = std::env::var(SHARDS_VAR).ok().and_then(|v| v.parse().ok()) {
-        builder = builder.shards(shards);
-    }
-    let config = builder.build();
+    let config =
+        support::bench_builder_from_env(EngineBuilder::new(budget)).compress_interval(None).build();
     Engine::new(config.expect("a valid bench configuration"))
 }
 
@@ -248,8 +236,8 @@ fn metadata_child(
     let mut cmd = Command::new(exe);
     cmd.args(["--case", kind]).env("FALLOW_BENCH_METADATA_MIB", mib.to_string());
     match threads {
-        Some(n) => cmd.env(THREADS_VAR, n.to_string()),
-        None => cmd.env_remove(THREADS_VAR),
+        Some(n) => cmd.env(support::BENCH_THREADS_VAR, n.to_string()),
+        None => cmd.env_remove(support::BENCH_THREADS_VAR),
     };
     if sizes.scale > 1 {
         cmd.arg("--quick");
@@ -590,12 +578,4 @@ fn main() {
     metadata(sizes);
     shrink(sizes);
     shrink_with_reader(sizes);
-}
-
-/// `FALLOW_BENCH_POLICY=NAME` benchmarks another eviction policy than the default.
-fn with_policy_from_env(builder: EngineBuilder) -> EngineBuilder {
-    match std::env::var("FALLOW_BENCH_POLICY") {
-        Ok(name) => builder.policy(&name),
-        Err(_) => builder,
-    }
 }

@@ -530,6 +530,11 @@ impl<L: Layout> IdTable<L> {
     /// calls this (`Engine::finish_growth`).
     pub(crate) fn tidy(&mut self, groups: usize, hasher: impl Fn(u32) -> u64) -> bool {
         self.migrate(groups, &hasher);
+        self.growing()
+    }
+
+    /// True while a growth is under way: old groups are left to move.
+    pub(crate) fn growing(&self) -> bool {
         self.migration.is_some()
     }
 

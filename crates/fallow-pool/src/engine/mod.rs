@@ -310,13 +310,16 @@ impl Inner {
     /// Moves up to `groups` old groups of every table's growth under way: each shard's
     /// under its own lock, then the dedup table's under the store's, so that each hold is
     /// a step's length (`TIDY_GROUPS`: ~2,000 ids rehashed, some tens of µs). True while
-    /// some are left.
+    /// some are left. The store's write lock, which every get waits for, is taken only
+    /// when its table is growing (nearly never: it runs at every wake of the background
+    /// thread).
     pub(crate) fn tidy_pass(&self, groups: usize) -> bool {
         let mut left = false;
         for shard in self.shards.iter() {
             left |= shard.lock().tidy(groups);
         }
-        left | self.store.write().tidy(groups)
+        let store_growing = self.store.read().growing();
+        left | (store_growing && self.store.write().tidy(groups))
     }
 
     /// One compression pass: compresses at most `max` cold pages, looking at no more than

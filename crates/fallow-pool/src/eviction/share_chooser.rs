@@ -75,11 +75,11 @@ const INITIAL_SHARE: f64 = SHARES[1];
 const LEAD_Z: f64 = 2.0;
 /// The least hurdle, which is the whole of it for exact simulations: a trailing share's
 /// weight is e⁻¹ at t = 0.25 and e⁻⁴ at t = 0.5. On the shared traces (seed 0, before
-/// [`MOVE_WORTH`]; c1 / c3 rows failing, worst over LRU / over the best reference): 0.15 gave 2 / 4 (+0.008 /
-/// +0.039), 0.25 3 / 4 (+0.008 / +0.037), 0.35 3 / 4 (+0.012 / +0.034), 0.5 3 / 4 (+0.015 /
-/// +0.036), 1.0 5 / 4 (+0.023 / +0.031): lower hurdles suit the short traces that want
-/// LRU at once (lirs_sprite at 708 pages), higher ones those that want 1 % (lirs_multi1
-/// at 652). RFC 0001, "Session 16".
+/// [`MOVE_WORTH`]; c1 / c3 rows failing, worst over LRU / over the best reference): 0.15
+/// gave 2 / 4 (+0.008 / +0.039), 0.25 3 / 4 (+0.008 / +0.037), 0.35 3 / 4 (+0.012 /
+/// +0.034), 0.5 3 / 4 (+0.015 / +0.036), 1.0 5 / 4 (+0.023 / +0.031): lower hurdles suit
+/// the short traces that want LRU at once (lirs_sprite at 708 pages), higher ones those
+/// that want 1 % (lirs_multi1 at 652). RFC 0001, "Session 16".
 const MIN_HURDLE: f64 = 0.25;
 /// How many misses, as a share of a simulated cache's pages, a simulation must save over
 /// another before the other weighs little: moving the live share costs the live cache a
@@ -395,8 +395,8 @@ mod tests {
 
     #[test]
     fn a_steady_trailer_weighs_less_than_a_wobbling_one() {
-        // Share 0 leads; share 2 trails it by 1 miss an epoch with a wobble of 4 (t ≈ 1),
-        // share 1 by 2 misses, steadily (t = 8 / √8 · 2 / 2 ≈ 2.8 after 8 epochs): the blend
+        // Share 0 leads; share 2 trails it by 1 miss an epoch with a wobble of ±3 (t ≈ 0.9
+        // after 8 epochs), share 1 by 2 misses, steadily (t ≈ 2.8): the blend
         // keeps share 2 in and leaves share 1 nearly out, so it lies above 1 % and below the
         // 10 % that shares 0 and 2 alike would give.
         let epochs: Vec<[f64; 3]> =

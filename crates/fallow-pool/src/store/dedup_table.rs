@@ -136,6 +136,11 @@ impl DedupTable {
         left
     }
 
+    /// True while some bank's growth is under way.
+    pub(super) fn growing(&self) -> bool {
+        self.banks.iter().any(|bank| bank.table.growing())
+    }
+
     /// Takes `id`, whose hash is `hash`, out of the table; false when it was not in.
     pub(super) fn remove(&mut self, hash: u64, id: ContentId) -> bool {
         self.existing_mut(bank_of(id))

@@ -349,6 +349,11 @@ impl Store {
         }))
     }
 
+    /// True while the dedup table's growth is under way ([`Store::tidy`] has work).
+    pub fn growing(&self) -> bool {
+        self.dedup.growing()
+    }
+
     /// Moves up to `groups` old groups of the dedup table's growth under way
     /// (`IdTable::tidy`); true while some are left.
     pub fn tidy(&mut self, groups: usize) -> bool {

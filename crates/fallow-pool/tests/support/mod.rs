@@ -5,6 +5,28 @@
 #![allow(dead_code)]
 
 use fallow_core::PAGE_SIZE;
+use fallow_pool::EngineBuilder;
+
+/// The benches' engine settings from the environment, for measuring other settings than
+/// the defaults: `FALLOW_BENCH_POLICY=NAME` (another eviction policy),
+/// `FALLOW_BENCH_THREADS=N` (the default shards of a host with N CPUs,
+/// `EngineBuilder::threads`) and `FALLOW_BENCH_SHARDS=N` (N shards).
+pub fn bench_builder_from_env(mut builder: EngineBuilder) -> EngineBuilder {
+    if let Ok(name) = std::env::var("FALLOW_BENCH_POLICY") {
+        builder = builder.policy(&name);
+    }
+    let number = |var| std::env::var(var).ok().and_then(|v| v.parse().ok());
+    if let Some(threads) = number(BENCH_THREADS_VAR) {
+        builder = builder.threads(threads);
+    }
+    if let Some(shards) = number("FALLOW_BENCH_SHARDS") {
+        builder = builder.shards(shards);
+    }
+    builder
+}
+
+/// [`bench_builder_from_env`]'s variable for the CPUs the default shards are sized for.
+pub const BENCH_THREADS_VAR: &str = "FALLOW_BENCH_THREADS";
 
 /// Fills `out` with bytes unique to `seed` (xorshift words), never same-filled.
 pub fn unique_page_into(seed: u64, out: &mut [u8]) {
