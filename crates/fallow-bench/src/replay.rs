@@ -51,6 +51,10 @@ pub struct ReplayResult {
     pub misses: u64,
     /// misses / accesses.
     pub miss_ratio: f64,
+    /// The small-queue share (percent) the policy ended with, for policies that have one
+    /// (`s3fifo-lean`: where its simulations left it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub small_share_percent: Option<u8>,
     /// Wall time of the replay, in seconds.
     pub seconds: f64,
 }
@@ -102,6 +106,7 @@ where
         hits,
         misses,
         miss_ratio: if accesses == 0 { 0.0 } else { misses as f64 / accesses as f64 },
+        small_share_percent: engine.stats().small_share_percent,
         seconds: start.elapsed().as_secs_f64(),
     })
 }
@@ -143,6 +148,19 @@ mod tests {
         let too_large = replay(pages(&[1]), MAX_SHARD_PAGES + 1, "lru");
         assert!(matches!(too_large, Err(ReplayError::TooLarge(n)) if n == MAX_SHARD_PAGES + 1));
         assert!(matches!(replay(pages(&[1]), 4, "nope"), Err(ReplayError::Config(_))));
+    }
+
+    #[test]
+    fn a_policy_with_a_small_queue_reports_the_share_it_ended_with() {
+        let trace: Vec<u64> = (0..300).collect();
+        let at = |policy| replay(pages(&trace), 200, policy).unwrap().small_share_percent;
+        assert_eq!(at("s3fifo-lean-1"), Some(1));
+        assert_eq!(at("s3fifo-lean-100"), Some(100));
+        assert_eq!(at("lru"), None);
+        let json = serde_json::to_value(replay(pages(&trace), 200, "lru").unwrap()).unwrap();
+        assert!(json.get("small_share_percent").is_none(), "absent, not null: {json}");
+        // A scan of fresh pages ties the simulations: the default stays at its start, 10 %.
+        assert_eq!(at("s3fifo-lean"), Some(10));
     }
 
     #[test]

@@ -34,6 +34,26 @@ fn replay_json_reports_the_required_fields() {
 }
 
 #[test]
+fn replay_shows_the_small_share_and_logs_its_epochs_when_asked() {
+    let trace = loop_trace("share");
+    let out = fallow()
+        .env("FALLOW_LOG", "fallow_pool::eviction=debug")
+        .args(["trace", "replay", "--format", "lirs", "--cache-pages", "10"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    std::fs::remove_file(&trace).unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("small share "), "{stdout}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let epochs = stderr.lines().filter(|l| l.contains("small-queue share after an epoch")).count();
+    // 200 accesses, every one sampled (10 pages are fewer than the simulations hold).
+    assert!(epochs >= 2, "expected an epoch log line per epoch:\n{stderr}");
+    assert!(stderr.contains("share_percent="), "{stderr}");
+}
+
+#[test]
 fn sweep_prints_one_row_per_size_and_policy() {
     let trace = loop_trace("sweep");
     let out = fallow()

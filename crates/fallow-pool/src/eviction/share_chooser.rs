@@ -115,6 +115,8 @@ struct Sims {
     stale: bool,
     /// The share of the keys sampled.
     rate: f64,
+    /// Epochs ended since the simulations were built (for the log).
+    epochs: u64,
     /// Per pair of simulations: the decayed sum of the squared differences of their misses
     /// per epoch (symmetric), the spread that a lead is measured against.
     lead_spread: [[f64; SHARES.len()]; SHARES.len()],
@@ -148,6 +150,7 @@ impl ShareChooser {
                 epoch_accesses: 0,
                 stale: true,
                 rate: 1.0,
+                epochs: 0,
                 lead_spread: Default::default(),
             }),
             share: AtomicU64::new(INITIAL_SHARE.to_bits()),
@@ -196,6 +199,7 @@ impl ShareChooser {
         sims.max_epoch_len = sim_capacity.max(MIN_EPOCH);
         sims.sim_capacity = sim_capacity;
         sims.epoch_accesses = 0;
+        sims.epochs = 0;
     }
 
     /// True when the key whose hash is `hash` is in the simulations' sample (the same remix
@@ -235,6 +239,22 @@ impl ShareChooser {
         let scores: [f64; SHARES.len()] = std::array::from_fn(|i| s.sims[i].score());
         let share = blended_share(&scores, &s.lead_spread, s.rate, s.sim_capacity);
         self.share.store(share.to_bits(), Ordering::Relaxed);
+        s.epochs += 1;
+        let (epoch, next_len, sim_pages) = (s.epochs, s.epoch_len, s.sim_capacity);
+        drop(guard);
+        // Epoch ends are rare (one per `epoch_len` sampled accesses, at most one per
+        // simulated cache's worth): this is how a run shows why its share moved
+        // (`FALLOW_LOG=fallow_pool::eviction=debug fallow trace replay ...`).
+        tracing::debug!(
+            epoch,
+            sim_pages,
+            next_epoch_accesses = next_len,
+            misses_1 = scores[0],
+            misses_10 = scores[1],
+            misses_100 = scores[2],
+            share_percent = share * 100.0,
+            "small-queue share after an epoch of the simulations (decayed misses per share)"
+        );
     }
 
     /// Heap bytes of the simulations (those of the old size until the first access after

@@ -17,7 +17,9 @@ pub enum TraceCommand {
     /// Every access is a get; a miss is followed by a put (write-allocate). A block
     /// request is one access to every 4 KiB page it overlaps. The default policy's
     /// simulations sample keys by hash; FALLOW_SIM_SEED=N samples others, to see how much
-    /// a result depends on the sample.
+    /// a result depends on the sample. Policies with a small queue print the share it
+    /// ended with; FALLOW_LOG=fallow_pool::eviction=debug logs each epoch of the
+    /// simulations that move it (their decayed misses and the share that follows).
     Replay {
         #[command(flatten)]
         input: TraceInput,
@@ -121,6 +123,9 @@ fn print_replay(input: &TraceInput, r: &ReplayResult, json: bool) -> anyhow::Res
         println!("hits        {}", r.hits);
         println!("misses      {}", r.misses);
         println!("miss ratio  {:.4}", r.miss_ratio);
+        if let Some(percent) = r.small_share_percent {
+            println!("small share {percent} % at the end");
+        }
     }
     Ok(())
 }
