@@ -92,6 +92,13 @@ const BUCKET_KEYS: usize = 4;
 /// buckets of 8 / 4 / 2 / 1 failed criterion 1 on 3 / 4 / 4–5 / 7 rows and criterion 3 on
 /// 7 / 5 / 5 / 6, with a mean reduction of 10.8 / 11.0 / 11.0 / 11.0 %.
 ///
+/// The soft stay is a trade, not only a saving. An exact FIFO ghost of the same length
+/// (`S3Fifo`'s, ~13 B an entry) wins the rows whose pages come back within the window
+/// (cloudPhysicsIO reads-only at 52,500 pages: 0.786 against 0.801) and loses the small
+/// caches of loops, where remembering every page that left sends them all to main
+/// (lirs_ps at 154: 0.693 against 0.635); on the whole table it fails criterion 3 on 5
+/// rows against 2 (RFC 0001, "Session 17").
+///
 /// The buckets are allocated at the first insertion, not when sized: a cache that never
 /// evicts from its small queue (a persistent pool's shard, a cache not yet full) has
 /// nothing to remember and pays nothing for it.
