@@ -17,6 +17,7 @@ pub(crate) fn place_expecting<T>(
     place_with(entries, free, value, |e, len| grow(e, len, expected))
 }
 
+#[inline]
 fn place_with<T>(
     entries: &mut Vec<T>,
     free: &mut Vec<u32>,

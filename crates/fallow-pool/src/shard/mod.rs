@@ -272,6 +272,7 @@ impl Shard {
 
     /// Adds a page. The caller guarantees `slot.key` is not in the index, that `hash` is
     /// its [`key_hash`], and that the shard holds fewer than [`MAX_PAGES`] pages.
+    #[inline]
     pub fn insert(&mut self, slot: Slot, hash: u64) -> SlotId {
         debug_assert_eq!(hash, key_hash(&slot.key));
         let PageKey { pool, object, index } = slot.key;

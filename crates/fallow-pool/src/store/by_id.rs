@@ -36,6 +36,7 @@ impl<T> Default for ById<T> {
 impl<T: Default> ById<T> {
     /// Makes room for every frame number below `frames`, for a store expected to hold
     /// `expected` frames (reserved once, [`crate::dense::grow`]).
+    #[inline]
     pub fn cover_frames(&mut self, frames: usize, expected: usize) {
         if self.frames.len() < frames {
             crate::dense::grow(&mut self.frames, frames, expected);

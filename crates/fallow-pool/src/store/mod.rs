@@ -297,6 +297,10 @@ impl Store {
     /// the first touch of a newly mapped segment) thus happens with no store lock held.
     ///
     /// `Err` when the budget is spent: the caller evicts and calls again.
+    // Inlined into the put path, as are `Shard::insert`, `ById::cover_frames` and
+    // `dense::place_with`: left to itself the compiler made calls of them, ~60 instructions
+    // a put (BENCHMARKS.md, session 16's instructions).
+    #[inline]
     pub fn intern(
         &mut self,
         page: &[u8],
