@@ -687,9 +687,10 @@ fn issue_2_a_page_of_a_dense_object_costs_at_most_32_bytes_of_metadata_when_pers
     // 31.4 B at this size when written (session 9), 29.9 B since a dense object's runs
     // spread over the shards exactly (session 10); ~58 B before session 9; 22.9 B since
     // the dedup table's slots are 4 bytes (session 14), 22.7 B in 4 shards instead of 8
-    // (session 15), 22.4 B with runs of 128 (session 16). Ephemeral pages add the eviction policy's links and state, and at
-    // this small size its simulations' fixed 49 KiB (3.1 B a page): 34.2 B in session 14,
-    // 32.8 B in 4 shards (30.2 B at 256 MiB), 32.5 B with runs of 128. The bounds keep both from growing back.
+    // (session 15), 22.4 B with runs of 128 (session 16). Ephemeral pages add the eviction
+    // policy's links and state, and at this small size its simulations' fixed 49 KiB
+    // (3.1 B a page): 34.2 B in session 14, 32.8 B in 4 shards (30.2 B at 256 MiB),
+    // 32.5 B with runs of 128. The bounds keep both from growing back.
     let persistent = metadata_per_page(16_384, &PoolSpec::persistent());
     let ephemeral = metadata_per_page(16_384, &PoolSpec::ephemeral());
     eprintln!(

@@ -489,7 +489,6 @@ mod tests {
             p.validate();
             assert_eq!(p.live_share(), shares[2], "every shard takes up the engine's share");
         }
-        eprintln!("shares after 8, 16 and 24 sweeps: {shares:?}");
         assert!(shares[0] > 0.2, "eight sweeps move it toward LRU: {shares:?}");
         assert!(shares.windows(2).all(|w| w[0] <= w[1]), "and on: {shares:?}");
         assert!(shares[2] > 0.9, "the sampled simulations' LRU lead was not followed: {shares:?}");

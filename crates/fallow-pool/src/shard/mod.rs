@@ -83,10 +83,10 @@ pub(crate) fn key_hash(key: &PageKey) -> u64 {
 /// An object of fewer runs than shards covers only some of them: a 4 MiB object has 8
 /// runs, half of 16 shards. With an offset hashed per object, which half was chance, and
 /// a 1 GiB cache of such objects in 16 shards was resident for 33.6 B a page instead of
-/// 30.8 B with runs of 64 (RFC 0001, "Session 16"). So objects are taken in aligned blocks of `shards` consecutive ids that
-/// share the hashed offset, and each adds its id within the block with its bits reversed:
-/// ids 0 and 1 of a block start half the shards apart, ids 0–3 a quarter apart, and so
-/// on. Any aligned pair of consecutive objects of `shards / 2` runs covers every shard
+/// 30.8 B with runs of 64 (RFC 0001, "Session 16"). So objects are taken in aligned
+/// blocks of `shards` consecutive ids that share the hashed offset, and each adds its id
+/// within the block with its bits reversed: ids 0 and 1 of a block start half the shards
+/// apart, ids 0–3 a quarter apart, and so on. Any aligned pair of consecutive objects of `shards / 2` runs covers every shard
 /// once, any four of `shards / 4` runs, down to `shards` objects of one run. Objects whose
 /// ids are hashes land as they did.
 pub(crate) fn shard_of(key: &PageKey, shards: usize) -> usize {

@@ -15,7 +15,12 @@ pub fn bench_builder_from_env(mut builder: EngineBuilder) -> EngineBuilder {
     if let Ok(name) = std::env::var("FALLOW_BENCH_POLICY") {
         builder = builder.policy(&name);
     }
-    let number = |var| std::env::var(var).ok().and_then(|v| v.parse().ok());
+    // A bench run with a setting it cannot read would measure the default instead.
+    let number = |var: &str| {
+        std::env::var(var).ok().map(|v| {
+            v.parse::<usize>().unwrap_or_else(|_| panic!("{var}={v:?} is not a whole number"))
+        })
+    };
     if let Some(threads) = number(BENCH_THREADS_VAR) {
         builder = builder.threads(threads);
     }
