@@ -87,6 +87,23 @@ def reference(readme: Path):
     return rows
 
 
+def judge_references(ref, max_over_lru, max_over_best):
+    """Prints, for each reference policy, on how many of the README's rows it fails
+    criterion 1 (worse than LRU by more than `max_over_lru`) and criterion 3 (more than
+    `max_over_best` above the best online policy of the row): for scale."""
+    rows = [values for sizes in ref.values() for _, values in sizes]
+    print(f"{len(rows)} reference rows\n")
+    print("| policy | criterion 3 rows failed | criterion 1 rows failed |")
+    print("|---|---:|---:|")
+    for policy in ONLINE:
+        judged = [v for v in rows if policy in v]
+        far = sum(v[policy] - min(v[p] for p in ONLINE if p in v) > max_over_best
+                  for v in judged)
+        worse = sum(v[policy] - v["LRU"] > max_over_lru for v in judged)
+        print(f"| {policy} | {far} | {worse} |")
+    return 0
+
+
 def sweep(fallow, path, args, sizes, policies, seed=None):
     cmd = [fallow, "trace", "sweep", str(path), *args, "--json",
            "--cache-sizes", ",".join(map(str, sizes)), "--policies", ",".join(policies)]
@@ -118,6 +135,9 @@ def main():
     ap.add_argument("--sim-seeds", default=None, type=seed_list,
                     help="comma-separated sample seeds for the default policy's simulations "
                          "(FALLOW_SIM_SEED); criteria are printed for each")
+    ap.add_argument("--judge-references", action="store_true",
+                    help="judge the reference policies themselves by criteria 1 and 3 on "
+                         "every row of the README's table, and replay nothing")
     opts = ap.parse_args()
 
     traces = Path(opts.traces)
@@ -126,6 +146,8 @@ def main():
         print(f"skipped: {readme} not found", file=sys.stderr)
         return 0
     ref = reference(readme)
+    if opts.judge_references:
+        return judge_references(ref, opts.max_over_lru, opts.max_over_best)
     policies = opts.policies.split(",")
     default = opts.default or policies[-1]
     names = [n for n in TRACES if n in ref and (not opts.only or n in opts.only)]

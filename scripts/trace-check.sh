@@ -4,10 +4,11 @@
 # The goal of issue #2 is stricter than these bounds and is not met on every row yet:
 # BENCHMARKS.md shows where. The bounds sit just outside today's measured results for the
 # default `s3fifo-lean` (worst row +0.008 over LRU, +0.030 over the best reference policy
-# on seeds 0-1; mean reduction 11.4-11.5 %, which meets the goal), so a change that makes the policy worse
-# fails here, on either of two samples of the default's simulations (`--sim-seeds`: a
-# change that is good on one sample and bad on another is not good). Tighten them as the
-# policy improves. Skips cleanly when the traces are not there.
+# on seeds 0-1; mean reduction 11.4-11.5 %, which meets the goal), so a change that
+# makes the policy worse fails here, on either of two samples of the default's
+# simulations (`--sim-seeds`: a change that is good on one sample and bad on another is
+# not good). Tighten them as the policy improves. Skips cleanly when the traces are not
+# there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 traces="${FALLOW_TRACES:-$(cd .. && pwd)/shared/traces}"

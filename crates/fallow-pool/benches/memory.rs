@@ -307,8 +307,9 @@ fn metadata(sizes: Sizes) {
     println!(
         "Pages are 1024 to an object, except in `persistent-lone`: one page per object, \
          `ephemeral-small`: 128 under hashed object ids, and `ephemeral-tenth`: a tenth \
-         of one volume's pages, one in each ten indexes. `ephemeral-random` put three times as many pages as fit, each \
-         under a key drawn at random from three times as many keys as fit. \
+         of one volume's pages, one in each ten indexes. `ephemeral-random` put three \
+         times as many pages as fit, each under a key drawn at random from three times \
+         as many keys as fit. \
          `ephemeral-churn` put three times as many pages as fit (the cache's steady state).\n"
     );
     println!("| pool | shards | pages | mapped MiB | self-reported B/page | RSS delta − page bytes, B/page | RssAnon delta − page bytes, B/page | ≤ 32 B/page |");

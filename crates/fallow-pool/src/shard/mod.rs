@@ -86,9 +86,9 @@ pub(crate) fn key_hash(key: &PageKey) -> u64 {
 /// 30.8 B with runs of 64 (RFC 0001, "Session 16"). So objects are taken in aligned
 /// blocks of `shards` consecutive ids that share the hashed offset, and each adds its id
 /// within the block with its bits reversed: ids 0 and 1 of a block start half the shards
-/// apart, ids 0–3 a quarter apart, and so on. Any aligned pair of consecutive objects of `shards / 2` runs covers every shard
-/// once, any four of `shards / 4` runs, down to `shards` objects of one run. Objects whose
-/// ids are hashes land as they did.
+/// apart, ids 0–3 a quarter apart, and so on. Any aligned pair of consecutive objects of
+/// `shards / 2` runs covers every shard once, any four of `shards / 4` runs, down to
+/// `shards` objects of one run. Objects whose ids are hashes land as they did.
 pub(crate) fn shard_of(key: &PageKey, shards: usize) -> usize {
     debug_assert!(shards.is_power_of_two(), "{shards} shards");
     let bits = shards.trailing_zeros();
