@@ -1,0 +1,14 @@
+//! Harnesses that fallow's tests and benchmarks share. Nothing here ships in the `fallow`
+//! binary; the crate is a dev-dependency, plus the `fallow-guest` command that the
+//! benchmark scripts drive.
+//!
+//! # Components
+//!
+//! [`process`]: child processes killed by their PID when dropped, daemons whose log is
+//! searched for their address, scratch directories, free ports, bounded polling.
+//! [`guest`]: real virtual machines: guest images built from Debian packages into a cache
+//! outside the repository, booted under QEMU with NBD or vhost-user disks, a script run
+//! in them, its results read from the serial console, every guest bounded in time.
+
+pub mod guest;
+pub mod process;

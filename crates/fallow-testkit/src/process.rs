@@ -1,0 +1,326 @@
+//! Child processes for tests and benchmarks: killed by their PID (or their process group)
+//! when dropped, so that a failed assertion never leaves one running; a long-running
+//! process whose stderr is read on a thread and searched, with a bounded wait, for the line
+//! that names its address; scratch directories removed when dropped; "is this tool
+//! installed" checks, free ports and bounded polling.
+
+use std::io::{BufRead, BufReader};
+use std::net::{TcpListener, TcpStream};
+use std::ops::{Deref, DerefMut};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long the bounded waits here sleep between two looks.
+const POLL: Duration = Duration::from_millis(20);
+
+/// Whether `tool` is installed: `command -v TOOL` finds it.
+pub fn have(tool: &str) -> bool {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool}"))
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Whether `program ARGS` runs and exits with status 0 (its output is discarded).
+pub fn command_works(program: &str, args: &[&str]) -> bool {
+    Command::new(program)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Calls `done` until it returns true (then true) or `timeout` has passed (then false),
+/// sleeping a little between calls. `done` may itself assert, to fail early.
+pub fn poll_until(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if done() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+/// Whether something accepts TCP connections on `127.0.0.1:PORT` within `timeout`.
+pub fn port_opens(port: u16, timeout: Duration) -> bool {
+    poll_until(timeout, || TcpStream::connect(("127.0.0.1", port)).is_ok())
+}
+
+/// A child process, killed (by its PID) and reaped when dropped, so that a failed
+/// assertion never leaves it running.
+pub struct KillOnDrop(Child);
+
+impl KillOnDrop {
+    /// Takes charge of `child`.
+    pub fn new(child: Child) -> KillOnDrop {
+        KillOnDrop(child)
+    }
+
+    /// Spawns `cmd` (panics if it cannot be started).
+    pub fn spawn(cmd: &mut Command) -> KillOnDrop {
+        KillOnDrop(cmd.spawn().unwrap())
+    }
+
+    /// The process ID.
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// The child itself, for its pipes.
+    pub fn child(&mut self) -> &mut Child {
+        &mut self.0
+    }
+
+    /// The exit status if it has exited, without waiting.
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.0.try_wait().unwrap()
+    }
+
+    /// Whether it has not exited yet.
+    pub fn is_running(&mut self) -> bool {
+        self.try_wait().is_none()
+    }
+
+    /// Sends `kill -SIGNAL PID` (`signal` as `kill` names it: `"TERM"`, `"KILL"`) and
+    /// returns the status of `kill`.
+    pub fn signal(&self, signal: &str) -> ExitStatus {
+        let pid = self.pid().to_string();
+        Command::new("kill").args([&format!("-{signal}"), &pid]).status().unwrap()
+    }
+
+    /// Waits for it to exit, without a bound.
+    pub fn wait(&mut self) -> ExitStatus {
+        self.0.wait().unwrap()
+    }
+
+    /// Its exit status, or `None` if `deadline` passed first (it is then left running).
+    pub fn wait_until(&mut self, deadline: Instant) -> Option<ExitStatus> {
+        let mut status = None;
+        poll_until(deadline.saturating_duration_since(Instant::now()), || {
+            status = self.try_wait();
+            status.is_some()
+        });
+        status
+    }
+
+    /// Its exit status, or `None` if it is still running after `timeout`.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        self.wait_until(Instant::now() + timeout)
+    }
+
+    /// Kills it (SIGKILL) and reaps it now rather than when dropped.
+    pub fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A child process and everything it starts, in a process group of their own. Dropping
+/// it (a timeout, a panic) signals the whole group: SIGTERM first, so that a script's EXIT
+/// trap can undo what it set up, then, after a grace period, SIGKILL.
+pub struct ProcessGroup(Child);
+
+impl ProcessGroup {
+    /// How long the group has between SIGTERM and SIGKILL.
+    pub const GRACE: Duration = Duration::from_secs(10);
+
+    /// Spawns `cmd` as the leader of a new process group (panics if it cannot be started).
+    pub fn spawn(cmd: &mut Command) -> ProcessGroup {
+        ProcessGroup(cmd.process_group(0).spawn().unwrap())
+    }
+
+    /// The exit status of the leader, or `None` if `deadline` passed first (the group is
+    /// then stopped).
+    pub fn wait_until(&mut self, deadline: Instant) -> Option<ExitStatus> {
+        loop {
+            if let Some(status) = self.0.try_wait().unwrap() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                self.stop();
+                return None;
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// SIGTERM to the group, up to [`Self::GRACE`] for the leader to exit, SIGKILL to the
+    /// group, and the leader reaped.
+    pub fn stop(&mut self) {
+        let group = format!("-{}", self.0.id());
+        let _ = Command::new("kill").args(["-TERM", "--", &group]).status();
+        let grace = Instant::now() + Self::GRACE;
+        while Instant::now() < grace && matches!(self.0.try_wait(), Ok(None)) {
+            std::thread::sleep(POLL);
+        }
+        let _ = Command::new("kill").args(["-KILL", "--", &group]).stderr(Stdio::null()).status();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            self.stop();
+        }
+    }
+}
+
+/// A long-running child (a node, a server) whose stderr a thread reads for the child's
+/// whole life, so that it never blocks on a full pipe, and keeps line by line. Killed by
+/// its PID when dropped; it is a [`KillOnDrop`] for everything else.
+pub struct Daemon {
+    process: KillOnDrop,
+    /// What the messages call it, e.g. `fallow nbd`.
+    name: String,
+    /// Every stderr line so far.
+    log: Arc<Mutex<Vec<String>>>,
+    /// The stderr lines that [`Daemon::wait_for_line`] has not looked at yet.
+    unread: Receiver<String>,
+}
+
+impl Daemon {
+    /// Spawns `cmd` with stdout discarded and stderr read as described on [`Daemon`];
+    /// `name` names it in failure messages.
+    pub fn spawn(name: &str, cmd: &mut Command) -> Daemon {
+        let mut process = KillOnDrop::spawn(cmd.stdout(Stdio::null()).stderr(Stdio::piped()));
+        let stderr = process.child().stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (send, unread) = mpsc::channel();
+        let keep = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                keep.lock().unwrap().push(line.clone());
+                let _ = send.send(line);
+            }
+        });
+        Daemon { process, name: name.to_string(), log, unread }
+    }
+
+    /// [`Daemon::spawn`], then [`Daemon::wait_for_line`]: the running child, and what
+    /// `find` found in its stderr (its address, its URI).
+    pub fn start<T>(
+        name: &str,
+        cmd: &mut Command,
+        what: &str,
+        timeout: Duration,
+        find: impl FnMut(&str) -> Option<T>,
+    ) -> (Daemon, T) {
+        let mut daemon = Daemon::spawn(name, cmd);
+        let found = daemon.wait_for_line(what, timeout, find);
+        (daemon, found)
+    }
+
+    /// Reads stderr lines until `find` returns something for one of them, and returns
+    /// that. Panics, with the stderr so far, if `timeout` passes first or the child closes
+    /// its stderr (exits) first; `what` names what was awaited, in that message.
+    pub fn wait_for_line<T>(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        mut find: impl FnMut(&str) -> Option<T>,
+    ) -> T {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.unread.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(line) => {
+                    if let Some(found) = find(&line) {
+                        return found;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => panic!(
+                    "{}: no {what} within {timeout:?}; its stderr so far:\n{}",
+                    self.name,
+                    self.log_so_far()
+                ),
+                Err(RecvTimeoutError::Disconnected) => {
+                    let status = self.process.wait_until(deadline);
+                    panic!(
+                        "{} exited ({}) before its {what}; its stderr:\n{}",
+                        self.name,
+                        status
+                            .map_or("still running, stderr closed".to_string(), |s| s.to_string()),
+                        self.log_so_far()
+                    )
+                }
+            }
+        }
+    }
+
+    /// Every stderr line so far.
+    pub fn log_lines(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Every stderr line so far, one string.
+    pub fn log_so_far(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+}
+
+impl Deref for Daemon {
+    type Target = KillOnDrop;
+
+    fn deref(&self) -> &KillOnDrop {
+        &self.process
+    }
+}
+
+impl DerefMut for Daemon {
+    fn deref_mut(&mut self) -> &mut KillOnDrop {
+        &mut self.process
+    }
+}
+
+/// A scratch directory, `$TMPDIR/fallow-NAME-PID`, removed (with what is in it) when
+/// dropped.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// Removes what an earlier run may have left at the path, and creates the directory.
+    pub fn new(name: &str) -> TempDir {
+        let dir = TempDir::uncreated(name);
+        std::fs::create_dir_all(&dir.0).unwrap();
+        dir
+    }
+
+    /// Removes what an earlier run may have left at the path, but leaves creating the
+    /// directory to the program under test.
+    pub fn uncreated(name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("fallow-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        TempDir(dir)
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
