@@ -5,9 +5,10 @@
 # keeps outside its image, waits for the disks the host attached (fallow.disks=N), then
 # runs /fallow/script: in the initramfs itself, or, with fallow.root=DEV, chrooted into
 # the ext4 file system on DEV (mounted read-only unless fallow.rootrw=1), with /proc,
-# /sys, /dev and a /run tmpfs inside it. Whatever the script does, the guest then reports
-# `FALLOW-EXIT STATUS` on the console, syncs and powers off: the harness reads that line,
-# and QEMU (started with -no-reboot) exits when the guest does.
+# /sys, /dev and tmpfs on /run and /tmp inside it, and fallow-guest-tool on its PATH.
+# Whatever the script does, the guest then reports `FALLOW-EXIT STATUS` on the console,
+# syncs and powers off: the harness reads that line, and QEMU (started with -no-reboot)
+# exits when the guest does.
 /bin/busybox mkdir -p /proc /sys /dev /tmp /run /bin /sbin /usr/bin /usr/sbin
 /bin/busybox --install -s
 mount -t proc proc /proc
@@ -61,13 +62,19 @@ fi
 mount -t proc proc /newroot/proc
 mount -t sysfs sysfs /newroot/sys
 mount -t devtmpfs devtmpfs /newroot/dev
-mount -t tmpfs tmpfs /newroot/run
+mkdir -p /newroot/dev/pts /newroot/dev/shm
+mount -t devpts devpts /newroot/dev/pts
+mount -t tmpfs -o size=16m tmpfs /newroot/dev/shm
+mount -t tmpfs -o size=16m,mode=755 tmpfs /newroot/run
+mount -t tmpfs -o size=32m,mode=1777 tmpfs /newroot/tmp
 mkdir -p /newroot/run/fallow
 cp /fallow/script /newroot/run/fallow/script
 cp /bin/fallow-guest-tool /newroot/run/fallow/fallow-guest-tool
-chroot /newroot /bin/sh /run/fallow/script
+PATH=/run/fallow:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
+    chroot /newroot /bin/sh /run/fallow/script
 status=$?
-umount /newroot/run /newroot/dev /newroot/sys /newroot/proc
+umount /newroot/tmp /newroot/run /newroot/dev/shm /newroot/dev/pts /newroot/dev \
+    /newroot/sys /newroot/proc
 # A clean unmount, so that the host's fsck finds the file system closed.
 if ! umount /newroot; then
     echo "FALLOW-ERROR cannot unmount $root"

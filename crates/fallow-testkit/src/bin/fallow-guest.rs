@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use fallow_testkit::guest::{accel, Disk, Guest, GuestSpec, MinimalImage};
+use fallow_testkit::guest::{accel, DebianImage, Disk, Guest, GuestSpec, MinimalImage};
 
 /// Build fallow's test guest images and run scripts in guests (QEMU; KVM when this host
 /// can boot the guest with it, else TCG).
@@ -20,8 +20,13 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
-    /// Build the minimal image if the cache lacks it, and print its files as JSON.
-    Image,
+    /// Build the minimal image (and with --debian the Debian root file system) if the
+    /// cache lacks it, and print its files as JSON.
+    Image {
+        /// Also the Debian root file system for benchmarks (mmdebstrap; needs root).
+        #[arg(long)]
+        debian: bool,
+    },
     /// Print the accelerator guests use here (`kvm` or `tcg`), probing if needed.
     Accel,
     /// Boot a guest, run a script in it, and print what it reported as one JSON object:
@@ -37,7 +42,8 @@ struct RunArgs {
     #[arg(long, value_name = "FILE")]
     script: PathBuf,
     /// A disk, in order (/dev/vda first): nbd://HOST:PORT/NAME, file:PATH,
-    /// file-ro:PATH, or vhost-user:SOCKET. Repeatable.
+    /// file-ro:PATH, vhost-user:SOCKET, or drive:OPTIONS (QEMU -drive options, e.g.
+    /// drive:file=rbd:POOL/IMAGE:conf=PATH). Repeatable.
     #[arg(long = "disk", value_name = "DISK")]
     disks: Vec<String>,
     /// Run the script chrooted into the ext4 file system on this guest device (e.g.
@@ -71,10 +77,13 @@ fn parse_disk(spec: &str) -> Result<Disk, String> {
     if let Some(path) = spec.strip_prefix("file-ro:") {
         return Ok(Disk::File { path: path.into(), read_only: true });
     }
+    if let Some(options) = spec.strip_prefix("drive:") {
+        return Ok(Disk::Drive { options: options.to_string() });
+    }
     if let Some(path) = spec.strip_prefix("vhost-user:") {
         return Ok(Disk::VhostUser { socket: path.into(), queues: 1 });
     }
-    Err(format!("--disk {spec:?}: expected nbd://…, file:PATH, file-ro:PATH or vhost-user:PATH"))
+    Err(format!("--disk {spec:?}: expected nbd://…, file:PATH, file-ro:PATH, vhost-user:PATH or drive:OPTIONS"))
 }
 
 fn run(args: RunArgs, image: &MinimalImage) -> Result<bool, String> {
@@ -119,8 +128,17 @@ fn main() -> ExitCode {
         }
     };
     let outcome = match cli.command {
-        Cmd::Image => {
+        Cmd::Image { debian } => {
+            let debian = match debian.then(DebianImage::get).transpose() {
+                Ok(debian) => debian,
+                Err(e) => {
+                    eprintln!("fallow-guest: {e}");
+                    return ExitCode::from(2);
+                }
+            };
             let report = serde_json::json!({
+                "debian_root": debian.as_ref().map(|d| d.root_image()),
+                "debian_versions": debian.as_ref().map(|d| d.versions()),
                 "kernel": image.kernel(),
                 "initramfs": image.initramfs(),
                 "busybox": image.busybox(),

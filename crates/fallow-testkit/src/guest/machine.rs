@@ -27,6 +27,13 @@ pub enum Disk {
         /// Attached read-only.
         read_only: bool,
     },
+    /// Any other disk QEMU can open, as the start of a `-drive` option string (e.g.
+    /// `file=rbd:POOL/IMAGE:conf=PATH`, QEMU's own RADOS driver); `format=raw,if=virtio`
+    /// is appended.
+    Drive {
+        /// The options.
+        options: String,
+    },
     /// A vhost-user-blk backend listening on a Unix socket (the guest's memory is then
     /// shared through a memfd).
     VhostUser {
@@ -66,6 +73,9 @@ impl Disk {
                     "-drive".into(),
                     format!("file={},format=raw,if=virtio,cache=writeback{ro}", path.display()),
                 ]
+            }
+            Disk::Drive { options } => {
+                vec!["-drive".into(), format!("{options},format=raw,if=virtio")]
             }
             Disk::VhostUser { socket, queues } => vec![
                 "-chardev".into(),
@@ -315,17 +325,19 @@ mod tests {
             .memory_mib(128)
             .disk(Disk::Nbd { uri: "nbd://127.0.0.1:1/a".into(), reconnect_delay_s: 5 })
             .disk(Disk::File { path: "/tmp/x.img".into(), read_only: true })
-            .disk(Disk::VhostUser { socket: "/tmp/v.sock".into(), queues: 2 });
+            .disk(Disk::VhostUser { socket: "/tmp/v.sock".into(), queues: 2 })
+            .disk(Disk::Drive { options: "file=rbd:p/i:conf=/c".into() });
         let args = spec.qemu_args(Accel::Tcg).join(" ");
         let nbd = args.find("file=nbd://127.0.0.1:1/a,").unwrap();
         let file = args.find("file=/tmp/x.img,").unwrap();
         let vhost = args.find("vhost-user-blk-pci,chardev=vhost2,num-queues=2").unwrap();
-        assert!(nbd < file && file < vhost, "{args}");
+        let rbd = args.find("file=rbd:p/i:conf=/c,format=raw,if=virtio").unwrap();
+        assert!(nbd < file && file < vhost && vhost < rbd, "{args}");
         assert!(args.contains("file.reconnect-delay=5"), "{args}");
         assert!(args.contains("readonly=on"), "{args}");
         assert!(args.contains("memory-backend-memfd,id=mem,size=128M,share=on"), "{args}");
         assert!(args.contains("-accel tcg"), "{args}");
-        assert_eq!(spec.kernel_args(), "console=ttyS0 quiet loglevel=3 panic=-1 fallow.disks=3");
+        assert_eq!(spec.kernel_args(), "console=ttyS0 quiet loglevel=3 panic=-1 fallow.disks=4");
     }
 
     #[test]

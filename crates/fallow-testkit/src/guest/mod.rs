@@ -14,7 +14,9 @@
 //! [`MinimalImage`]: the kernel and the base initramfs, built from Debian packages
 //! (`apt-get download`, unpacked, never installed) into a cache directory outside the
 //! repository ([`cache`]), keyed by the packages' versions and the harness's own sources,
-//! so it is rebuilt only when one of them changes. [`GuestSpec`] and [`Disk`]: what to boot. [`Guest`]: a running guest, its console,
+//! so it is rebuilt only when one of them changes. [`DebianImage`]: an ext4 root file
+//! system made with `mmdebstrap` (fio, sqlite3, postmark, e2fsprogs) for benchmarks.
+//! [`GuestSpec`] and [`Disk`]: what to boot. [`Guest`]: a running guest, its console,
 //! its result. [`Accel`]: KVM when this host can boot the guest with it (probed once per
 //! host boot, with a short time limit), else TCG.
 //!
@@ -26,12 +28,14 @@
 //! into it, and unmounts it cleanly afterwards, so the host can `fsck` the image.
 
 pub mod cache;
+mod debian;
 mod debs;
 mod initramfs;
 mod machine;
 mod minimal;
 mod running;
 
+pub use debian::DebianImage;
 pub use initramfs::Cpio;
 pub use machine::{accel, Accel, Disk, GuestSpec, RootFs};
 pub use minimal::{ext4_image, MinimalImage};
