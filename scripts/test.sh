@@ -36,29 +36,18 @@ command -v ceph-mon >/dev/null || ceph_packages+=(ceph-mon)
 command -v ceph-osd >/dev/null || ceph_packages+=(ceph-osd)
 command -v rados >/dev/null || ceph_packages+=(ceph-common)
 [ -e /usr/include/rados/librados.h ] || ceph_packages+=(librados-dev)
-# The guest tests (crates/fallow/tests/guest.rs) boot Debian's cloud kernel under
-# qemu-system-x86_64, with an initramfs put together from `apt-get download`ed packages
-# (so apt's lists must be current) and a static tool compiled with the C compiler. QEMU
-# comes from bookworm-backports, the release of the qemu-utils this machine image has;
-# Debian 12's own qemu-system-x86 (7.2) would remove that qemu-utils (10.0).
-guest_packages=()
-command -v qemu-system-x86_64 >/dev/null || guest_packages+=(qemu-system-x86 qemu-utils)
-backports=/etc/apt/sources.list.d/fallow-backports.sources
-if ((${#guest_packages[@]})) && ! grep -rqs bookworm-backports /etc/apt/sources.list /etc/apt/sources.list.d; then
-    printf '%s\n' 'Types: deb' 'URIs: http://deb.debian.org/debian' 'Suites: bookworm-backports' \
-        'Components: main' 'Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg' >"$backports"
-fi
-if ((${#packages[@]} + ${#ceph_packages[@]} + ${#guest_packages[@]})) ||
+if ((${#packages[@]} + ${#ceph_packages[@]})) ||
     ! apt-cache policy busybox-static | grep -q 'Candidate: [0-9]'; then
     apt-get -o DPkg::Lock::Timeout=600 update
 fi
 if ((${#packages[@]})); then
     DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y "${packages[@]}"
 fi
-if ((${#guest_packages[@]})); then
-    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y \
-        --no-install-recommends -t bookworm-backports "${guest_packages[@]}"
-fi
+# The guest tests (crates/fallow/tests/guest.rs) boot Debian's cloud kernel under
+# qemu-system-x86_64, with an initramfs put together from `apt-get download`ed packages
+# (hence the check above that apt's lists are current) and a static tool built with the
+# C compiler.
+command -v qemu-system-x86_64 >/dev/null || bash scripts/install-qemu.sh qemu-system-x86
 if ((${#ceph_packages[@]})); then
     DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y \
         --no-install-recommends "${ceph_packages[@]}"

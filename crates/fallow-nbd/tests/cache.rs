@@ -320,3 +320,116 @@ async fn write_back_keeps_writes_in_memory_until_flush_or_age() {
     }
     assert!(cache.stats().written_back.load(Ordering::Relaxed) >= 5);
 }
+
+/// A store that counts how many writes it has in flight at once (each takes a while), and
+/// fails every write that starts at `fail_at` while that is set.
+#[derive(Debug)]
+struct CountingStore {
+    inner: MemStore,
+    in_flight: AtomicU64,
+    most_in_flight: AtomicU64,
+    fail_at: std::sync::Mutex<Option<u64>>,
+}
+
+#[async_trait]
+impl BackingStore for CountingStore {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn read(&self, offset: u64, len: u32) -> std::io::Result<Bytes> {
+        self.inner.read(offset, len).await
+    }
+    async fn write(&self, offset: u64, data: Bytes, fua: bool) -> std::io::Result<()> {
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_in_flight.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        if *self.fail_at.lock().unwrap() == Some(offset) {
+            return Err(std::io::Error::other("injected write failure"));
+        }
+        self.inner.write(offset, data, fua).await
+    }
+    async fn flush(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    async fn trim(&self, offset: u64, len: u32) -> std::io::Result<()> {
+        self.inner.trim(offset, len).await
+    }
+    async fn write_zeroes(&self, offset: u64, len: u32, may_trim: bool) -> std::io::Result<()> {
+        self.inner.write_zeroes(offset, len, may_trim).await
+    }
+}
+
+/// 64 dirty runs of one page each (every other page), and a write-back cache over `store`.
+async fn scattered_dirty_pages(store: Arc<CountingStore>) -> CacheLayer {
+    let write = WritePolicy::Back { max_dirty_bytes: 1 << 30, max_age: Duration::from_secs(3600) };
+    let config = CacheConfig { local_pages: 0, mode: Mode::Exclusive, scan_bytes: 1 << 20, write };
+    let cache = CacheLayer::new(store, None, config);
+    for run in 0..64u64 {
+        let page = Bytes::from(vec![run as u8 + 1; PAGE_SIZE]);
+        cache.write(2 * run * PAGE_SIZE as u64, page, false).await.unwrap();
+    }
+    cache
+}
+
+fn counting_store() -> Arc<CountingStore> {
+    Arc::new(CountingStore {
+        inner: MemStore::new(128 * PAGE_SIZE as u64),
+        in_flight: AtomicU64::new(0),
+        most_in_flight: AtomicU64::new(0),
+        fail_at: std::sync::Mutex::new(None),
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_writes_scattered_dirty_runs_in_parallel() {
+    let store = counting_store();
+    let cache = scattered_dirty_pages(store.clone()).await;
+    cache.flush().await.unwrap();
+    let most = store.most_in_flight.load(Ordering::SeqCst);
+    assert!(most > 1, "runs were written one at a time");
+    assert!(most <= 16, "{most} runs in flight: more than the write-back's limit");
+    for run in 0..64u64 {
+        let got = store.inner.read(2 * run * PAGE_SIZE as u64, PAGE_SIZE as u32).await.unwrap();
+        assert!(got.iter().all(|b| *b == run as u8 + 1), "run {run} was not written back");
+    }
+    assert_eq!(cache.stats().written_back.load(Ordering::Relaxed), 64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_write_back_run_stays_dirty_and_the_flush_reports_it() {
+    let store = counting_store();
+    let cache = scattered_dirty_pages(store.clone()).await;
+    let failing = 2 * 10 * PAGE_SIZE as u64;
+    *store.fail_at.lock().unwrap() = Some(failing);
+    let err = cache.flush().await.expect_err("a flush whose write-back failed succeeded");
+    assert!(err.to_string().contains("injected"), "{err}");
+    assert_eq!(store.inner.read(failing, 1).await.unwrap()[0], 0, "the failed run was stored");
+    // The store recovers: the next flush writes what is still dirty, the failed run too.
+    *store.fail_at.lock().unwrap() = None;
+    cache.flush().await.unwrap();
+    assert_eq!(store.inner.read(failing, 1).await.unwrap()[0], 11);
+    for run in 0..64u64 {
+        let got = cache.read(2 * run * PAGE_SIZE as u64, 1).await.unwrap();
+        assert_eq!(got[0], run as u8 + 1);
+    }
+}
+
+#[tokio::test]
+async fn a_page_written_back_stays_cached_as_a_clean_page() {
+    let store = counting_store();
+    let write = WritePolicy::Back { max_dirty_bytes: 1 << 30, max_age: Duration::from_secs(3600) };
+    let config = CacheConfig { local_pages: 16, mode: Mode::Exclusive, scan_bytes: 1 << 20, write };
+    let cache = CacheLayer::new(store.clone(), Some(pool_tier().await), config);
+    cache.write(0, Bytes::from(vec![4u8; 8 * PAGE_SIZE]), false).await.unwrap();
+    cache.flush().await.unwrap();
+    assert_eq!(store.inner.read(0, 1).await.unwrap()[0], 4, "the flush wrote the pages");
+    let got = cache.read(0, 8 * PAGE_SIZE as u32).await.unwrap();
+    assert!(got.iter().all(|b| *b == 4));
+    let stats = cache.stats();
+    assert_eq!(stats.misses.load(Ordering::Relaxed), 0, "a written-back page was read again");
+    assert_eq!(stats.local_hits.load(Ordering::Relaxed), 8);
+}

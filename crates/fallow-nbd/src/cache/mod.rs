@@ -444,7 +444,7 @@ impl CacheLayer {
         let local = s.config.local_pages > 0;
         for (i, page) in from_pool.iter().chain(from_store.iter()) {
             if local && ok(*i) {
-                self.keep_local(pieces[*i].page, page.clone());
+                keep_local(s, pieces[*i].page, page.clone());
             }
         }
         let to_pool = s.config.mode == Mode::Inclusive || !local;
@@ -456,27 +456,6 @@ impl CacheLayer {
                 .collect();
             if !pages.is_empty() && s.pool_trusted.load(Relaxed) {
                 put_into_pool(s, pool, &pages, "populate").await;
-            }
-        }
-    }
-
-    /// Inserts into the local tier; an evicted page goes to the demoter (exclusive mode).
-    fn keep_local(&self, page: u64, data: Bytes) {
-        let s = &*self.shared;
-        if let Some((evicted, bytes)) = s.local.insert(page, data) {
-            if let Some(demote) = &s.demote {
-                // The evicted page was valid while in the tier; its ticket now guards the
-                // trip to the pool against a write that starts meanwhile.
-                match s.coherence.ticket(evicted) {
-                    Some(ticket) => {
-                        if demote.try_send((evicted, bytes, ticket)).is_err() {
-                            s.stats.demotions_dropped.fetch_add(1, Relaxed);
-                        }
-                    }
-                    None => {
-                        s.stats.populate_skipped.fetch_add(1, Relaxed);
-                    }
-                }
             }
         }
     }
@@ -518,7 +497,7 @@ impl CacheLayer {
         for (page, bytes) in replace {
             // Evictions here go to the demoter with no ticket for pages of this write's
             // stripes: those are dropped, never demoted stale.
-            self.keep_local(page, bytes);
+            keep_local(s, page, bytes);
         }
         self.invalidate_in_pool(&invalidate).await;
         gates.finish();
@@ -690,34 +669,108 @@ async fn put_into_pool(s: &Shared, pool: &PoolTier, pages: &[(u64, &Bytes)], wha
     }
 }
 
+/// Inserts into the local tier; an evicted page goes to the demoter (exclusive mode).
+fn keep_local(s: &Shared, page: u64, data: Bytes) {
+    if let Some((evicted, bytes)) = s.local.insert(page, data) {
+        if let Some(demote) = &s.demote {
+            // The evicted page was valid while in the tier; its ticket now guards the
+            // trip to the pool against a write that starts meanwhile.
+            match s.coherence.ticket(evicted) {
+                Some(ticket) => {
+                    if demote.try_send((evicted, bytes, ticket)).is_err() {
+                        s.stats.demotions_dropped.fetch_add(1, Relaxed);
+                    }
+                }
+                None => {
+                    s.stats.populate_skipped.fetch_add(1, Relaxed);
+                }
+            }
+        }
+    }
+}
+
+/// How many runs of dirty pages a write-back keeps in flight to the backing store. A
+/// guest's page cache writes back scattered runs (Postmark, a database, random writes);
+/// written one at a time over a store with a millisecond of latency, a flush took a
+/// millisecond per run and writers waiting on the dirty limit stalled behind it, so that
+/// write-back ran slower than write-through, whose requests arrive with the guest's own
+/// parallelism.
+const WRITE_BACK_IN_FLIGHT: usize = 16;
+
+/// The longest run of consecutive dirty pages written as one request (1 MiB).
+const WRITE_BACK_RUN_PAGES: usize = 256;
+
 /// Writes dirty pages to the backing store (all of them, or those in `only`), in runs of
-/// consecutive pages, and forgets each page written unless it was written again meanwhile.
-/// Flushes are serialised, so a FLUSH that returns has seen every page dirty when it began.
+/// consecutive pages, up to [`WRITE_BACK_IN_FLIGHT`] runs at once, and forgets each page
+/// written unless it was written again meanwhile. A page written back stays cached as a
+/// clean page in the local tier (as a write-through write leaves it), unless a write of it
+/// began since the pass took its snapshot: a workload that reads what it wrote (Postmark,
+/// a database) would otherwise miss on every page that had been dirty. Flushes are
+/// serialised, so a FLUSH that returns has seen every page dirty when it began. On the
+/// first failed run no further run starts and the error is returned once those in flight
+/// have ended; pages of runs that did not complete stay dirty.
 async fn write_back_all(s: &Shared, only: Option<&[u64]>) -> io::Result<()> {
+    use futures::StreamExt;
+
     let _one_at_a_time = s.dirty.flushing().await;
     let snapshot = s.dirty.snapshot(only);
+    // Taken with the snapshot: a write that begins later invalidates the ticket, so its
+    // page is not put back into the local tier with the older bytes.
+    let keep = s.config.local_pages > 0;
+    let tickets: Vec<Option<Ticket>> = snapshot
+        .iter()
+        .map(|(page, _, _)| if keep { s.coherence.ticket(*page) } else { None })
+        .collect();
+    let mut runs = Vec::new();
     let mut i = 0;
     while i < snapshot.len() {
         let mut j = i + 1;
-        while j < snapshot.len() && snapshot[j].0 == snapshot[j - 1].0 + 1 && j - i < 256 {
+        while j < snapshot.len()
+            && snapshot[j].0 == snapshot[j - 1].0 + 1
+            && j - i < WRITE_BACK_RUN_PAGES
+        {
             j += 1;
         }
-        let mut run = BytesMut::with_capacity((j - i) * PAGE_SIZE);
-        for (_, bytes, _) in &snapshot[i..j] {
-            run.extend_from_slice(bytes);
-        }
-        if let Err(err) = s.backing.write(snapshot[i].0 * PAGE, run.freeze(), false).await {
-            s.stats.write_back_errors.fetch_add(1, Relaxed);
-            tracing::warn!(%err, page = snapshot[i].0, "write-back failed; the pages stay dirty");
-            return Err(err);
-        }
-        for (page, _, version) in &snapshot[i..j] {
-            s.dirty.clean(*page, *version);
-        }
-        s.stats.written_back.fetch_add((j - i) as u64, Relaxed);
+        runs.push((&snapshot[i..j], &tickets[i..j]));
         i = j;
     }
-    Ok(())
+    let failed = std::sync::Mutex::new(None);
+    let failed_ref = &failed;
+    futures::stream::iter(runs)
+        .for_each_concurrent(WRITE_BACK_IN_FLIGHT, |(run, tickets)| async move {
+            let failed = failed_ref;
+            let Some(&(first, _, _)) = run.first() else { return };
+            if failed.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
+                return;
+            }
+            let mut bytes = BytesMut::with_capacity(run.len() * PAGE_SIZE);
+            for (_, page, _) in run {
+                bytes.extend_from_slice(page);
+            }
+            match s.backing.write(first * PAGE, bytes.freeze(), false).await {
+                Ok(()) => {
+                    let held: Vec<Ticket> = tickets.iter().flatten().copied().collect();
+                    let (_gates, valid) = s.coherence.admit(&held).await;
+                    for ((page, bytes, version), ticket) in run.iter().zip(tickets) {
+                        s.dirty.clean(*page, *version);
+                        if ticket.is_some_and(|t| valid.contains(&t)) {
+                            keep_local(s, *page, bytes.clone());
+                        }
+                    }
+                    s.stats.written_back.fetch_add(run.len() as u64, Relaxed);
+                }
+                Err(err) => {
+                    s.stats.write_back_errors.fetch_add(1, Relaxed);
+                    tracing::warn!(%err, page = first, "write-back failed; the pages stay dirty");
+                    failed.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(err);
+                }
+            }
+        })
+        .await;
+    match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(err) => Err(err),
+        None => Ok(()),
+    }
 }
 
 /// Writes dirty pages out when they get old or too many. Stops when the cache is dropped.
