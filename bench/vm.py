@@ -644,11 +644,11 @@ SIZES = {
               "sql_guest_mib": 128, "sql_rows": 250000, "sql_lookups": 12000,
               "tmem_clones": 3, "tmem_guest_mib": 128, "tmem_passes": 3,
               "rados_guest_mib": 128, "rados_ws_mib": 256, "rados_ios": 4000},
-    "full": {"fio_guest_mib": 256, "fio_ws_mib": 768, "fio_ios": 4000,
+    "full": {"fio_guest_mib": 256, "fio_ws_mib": 768, "fio_ios": 2000,
              "pm_guest_mib": 256, "pm_disk_mib": 1024, "pm_number": 3000, "pm_transactions": 20000,
-             "sql_guest_mib": 256, "sql_rows": 500000, "sql_lookups": 40000,
+             "sql_guest_mib": 256, "sql_rows": 500000, "sql_lookups": 25000,
              "tmem_clones": 4, "tmem_guest_mib": 128, "tmem_passes": 3,
-             "rados_guest_mib": 256, "rados_ws_mib": 512, "rados_ios": 16000},
+             "rados_guest_mib": 256, "rados_ws_mib": 512, "rados_ios": 8000},
 }
 
 
