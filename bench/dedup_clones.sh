@@ -76,9 +76,9 @@ metric() {
     done
     echo "$total"
 }
-whole='fallow_pages_total{op="put",result="stored"}'
-hashed='fallow_pages_total{op="put_hashes",result="stored"}'
-missed='fallow_pages_total{op="put_hashes",result="miss"}'
+whole='fallow_node_pages_total{op="put",result="stored"}'
+hashed='fallow_node_pages_total{op="put_hashes",result="stored"}'
+missed='fallow_node_pages_total{op="put_hashes",result="miss"}'
 
 echo "| clone | pages put | sent whole | sent as hash | hash not held | wire bytes saved | pool memory (MiB) |"
 echo "|---:|---:|---:|---:|---:|---:|---:|"
@@ -90,7 +90,7 @@ for ((i = 0; i < clones; i++)); do
     w=$(($(metric "$whole") - before_whole))
     h=$(($(metric "$hashed") - before_hashed))
     m=$(($(metric "$missed") - before_missed))
-    used=$(metric fallow_used_bytes)
+    used=$(metric fallow_node_used_bytes)
     printf '| %d | %d | %d | %d | %d | %s | %s |\n' "$i" $((w + h)) "$w" "$h" "$m" \
         "$(python3 -c "print(f'{$h * 4076 / 2**20:.1f} MiB ({100 * $h * 4076 / max(1, ($w + $h) * 4096):.0f} %)')")" \
         "$(python3 -c "print(f'{$used / 2**20:.1f}')")"

@@ -41,7 +41,7 @@ BUSY = 0.3  # CPUs kept busy by other work above which a run is flagged
 def parse_metrics(path):
     tiers = {}
     for line in open(path):
-        m = re.match(r'fallow_nbd_cache_pages_read\{[^}]*tier="(\w+)"[^}]*\}\s+(\d+)', line)
+        m = re.match(r'fallow_nbd_cache_pages_read_total\{[^}]*tier="(\w+)"[^}]*\}\s+(\d+)', line)
         if m:
             tiers[m.group(1)] = int(m.group(2))
     return tiers

@@ -533,8 +533,8 @@ def tmem_clones(setup, work, sizes):
                     clients.append(export)
                 job = script if config != "fallow-one" else one_pass
                 outs, wall = boot_many(setup, lab, job, [[d] for d in disks], mem)
-                used = metric(node_metrics, "fallow_used_bytes") if node_metrics else None
-                saved = metric(node_metrics, "fallow_dedup_saved_bytes") if node_metrics else None
+                used = metric(node_metrics, "fallow_node_used_bytes") if node_metrics else None
+                saved = metric(node_metrics, "fallow_node_dedup_saved_bytes") if node_metrics else None
                 read = store_read_bytes(stats, store_proc, lab, clients)
             got[config] = {"wall_s": wall, "store_read_bytes": read, "pool_used_bytes": used,
                            "dedup_saved_bytes": saved,

@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use rustix::fs::{FallocateFlags, SeekFrom};
 
-use crate::{check_range, BackingStore, Capabilities, Extent};
+use crate::{check_range, BackingStore, Capabilities, Durability, Extent, Zeroing};
 
 /// A file or block device.
 #[derive(Debug, Clone)]
@@ -146,12 +146,12 @@ impl BackingStore for FileStore {
         .await
     }
 
-    async fn write(&self, offset: u64, data: Bytes, fua: bool) -> io::Result<()> {
+    async fn write(&self, offset: u64, data: Bytes, durability: Durability) -> io::Result<()> {
         self.writable()?;
         check_range(offset, data.len() as u64, self.size)?;
         self.blocking(move |file| {
             file.write_all_at(&data, offset)?;
-            if fua {
+            if durability == Durability::Immediate {
                 file.sync_data()?;
             }
             Ok(())
@@ -179,13 +179,13 @@ impl BackingStore for FileStore {
         .await
     }
 
-    async fn write_zeroes(&self, offset: u64, len: u32, may_trim: bool) -> io::Result<()> {
+    async fn write_zeroes(&self, offset: u64, len: u32, zeroing: Zeroing) -> io::Result<()> {
         self.writable()?;
         check_range(offset, len as u64, self.size)?;
         let regular = self.regular;
         self.blocking(move |file| {
             if regular {
-                let mode = if may_trim {
+                let mode = if zeroing == Zeroing::MayDeallocate {
                     FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE
                 } else {
                     FallocateFlags::ZERO_RANGE | FallocateFlags::KEEP_SIZE
@@ -202,7 +202,7 @@ impl BackingStore for FileStore {
             let mut done = 0u64;
             while done < len as u64 {
                 let n = (len as u64 - done).min(zeros.len() as u64) as usize;
-                file.write_all_at(&zeros[..n], offset + done)?;
+                file.write_all_at(zeros.get(..n).unwrap_or_default(), offset + done)?;
                 done += n as u64;
             }
             Ok(())

@@ -20,6 +20,11 @@
 //! [`NbdStore`]: an upstream NBD server. `RadosStore` (cargo feature `rados`): an image
 //! striped over 4 MiB Ceph RADOS objects.
 
+// Bytes from the network or a disk never panic the process (STYLE.md rule 7): no unwrap,
+// expect or unchecked indexing outside tests; an index that holds by construction says
+// why, in an `expect` on its function.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing))]
+
 mod file;
 mod mem;
 mod nbd;
@@ -71,6 +76,24 @@ pub struct Extent {
     pub zero: bool,
 }
 
+/// When a write must be durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Once a later flush completes (an ordinary write).
+    AtFlush,
+    /// Before the write completes (NBD's FUA flag).
+    Immediate,
+}
+
+/// What making a range read as zeros may do with its storage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Zeroing {
+    /// The range may be deallocated (punched) as long as it reads as zeros.
+    MayDeallocate,
+    /// The range stays allocated (NBD's `NO_HOLE` flag): zeros are written.
+    KeepAllocated,
+}
+
 /// A byte-addressed device of fixed size: the slow storage an export caches.
 #[async_trait]
 pub trait BackingStore: Send + Sync + fmt::Debug {
@@ -98,8 +121,8 @@ pub trait BackingStore: Send + Sync + fmt::Debug {
     /// Reads `len` bytes at `offset` (within the size).
     async fn read(&self, offset: u64, len: u32) -> io::Result<Bytes>;
 
-    /// Writes `data` at `offset`; with `fua`, durably.
-    async fn write(&self, offset: u64, data: Bytes, fua: bool) -> io::Result<()>;
+    /// Writes `data` at `offset`, durable as `durability` says.
+    async fn write(&self, offset: u64, data: Bytes, durability: Durability) -> io::Result<()>;
 
     /// Makes every completed write durable.
     async fn flush(&self) -> io::Result<()>;
@@ -107,8 +130,8 @@ pub trait BackingStore: Send + Sync + fmt::Debug {
     /// Discards a range (a hint: it may keep the data).
     async fn trim(&self, offset: u64, len: u32) -> io::Result<()>;
 
-    /// Makes a range read as zeros; `may_trim` allows deallocating it.
-    async fn write_zeroes(&self, offset: u64, len: u32, may_trim: bool) -> io::Result<()>;
+    /// Makes a range read as zeros, deallocating it only if `zeroing` allows.
+    async fn write_zeroes(&self, offset: u64, len: u32, zeroing: Zeroing) -> io::Result<()>;
 
     /// Which parts of a range are holes or zeros, as consecutive extents covering at least
     /// the first byte of the range and at most the whole range.

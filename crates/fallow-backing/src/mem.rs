@@ -9,7 +9,7 @@ use bytes::{Bytes, BytesMut};
 use fallow_core::PAGE_SIZE;
 use parking_lot::RwLock;
 
-use crate::{check_range, BackingStore, Capabilities, Extent};
+use crate::{check_range, BackingStore, Capabilities, Durability, Extent, Zeroing};
 
 /// An in-memory store of `size` bytes.
 #[derive(Debug)]
@@ -64,6 +64,9 @@ impl BackingStore for MemStore {
         }
     }
 
+    // A page piece's `start..stop` lies within its page (`pieces`), and a write's pieces
+    // take its bytes in order.
+    #[expect(clippy::indexing_slicing, reason = "pieces lie within their page")]
     async fn read(&self, offset: u64, len: u32) -> io::Result<Bytes> {
         check_range(offset, len as u64, self.size)?;
         let pages = self.pages.read();
@@ -75,7 +78,8 @@ impl BackingStore for MemStore {
         Ok(out.freeze())
     }
 
-    async fn write(&self, offset: u64, data: Bytes, _fua: bool) -> io::Result<()> {
+    #[expect(clippy::indexing_slicing, reason = "pieces lie within their page and the data")]
+    async fn write(&self, offset: u64, data: Bytes, _: Durability) -> io::Result<()> {
         check_range(offset, data.len() as u64, self.size)?;
         let mut pages = self.pages.write();
         let mut taken = 0;
@@ -92,10 +96,11 @@ impl BackingStore for MemStore {
     }
 
     async fn trim(&self, offset: u64, len: u32) -> io::Result<()> {
-        self.write_zeroes(offset, len, true).await
+        self.write_zeroes(offset, len, Zeroing::MayDeallocate).await
     }
 
-    async fn write_zeroes(&self, offset: u64, len: u32, _may_trim: bool) -> io::Result<()> {
+    #[expect(clippy::indexing_slicing, reason = "pieces lie within their page")]
+    async fn write_zeroes(&self, offset: u64, len: u32, _: Zeroing) -> io::Result<()> {
         check_range(offset, len as u64, self.size)?;
         let mut pages = self.pages.write();
         Self::pieces(offset, len as u64, |n, start, stop| {

@@ -27,7 +27,8 @@
 //!   restart.)
 //! * Trim and write-zeroes of a whole object delete it; of part of an object they zero
 //!   that range in place (an OSD `zero`, which keeps a missing object missing).
-//!   Write-zeroes without `may_trim` (NBD's `NO_HOLE`) zeroes in place and deletes nothing.
+//!   Write-zeroes with [`Zeroing::KeepAllocated`] (NBD's `NO_HOLE`) zeroes in place and
+//!   deletes nothing.
 //! * Block status stats the objects: a missing object, and an object's bytes past its
 //!   end, are holes that read as zeros. One answer covers at most
 //!   [`MAX_STATUS_OBJECTS`] objects.
@@ -63,7 +64,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 
-use crate::{check_range, BackingStore, Capabilities, Extent};
+use crate::{check_range, BackingStore, Capabilities, Durability, Extent, Zeroing};
 use client::{Cluster, ConnectError, IoCtx};
 
 /// The size of every data object (the last one of an image may stay shorter).
@@ -335,14 +336,14 @@ impl RadosStore {
         c_name("object name", name)
     }
 
-    /// Zeroes (or, with `may_trim`, deletes whole objects of) a range.
-    async fn zero_range(&self, offset: u64, len: u32, may_trim: bool) -> io::Result<()> {
+    /// Zeroes (or, where `zeroing` allows, deletes whole objects of) a range.
+    async fn zero_range(&self, offset: u64, len: u32, zeroing: Zeroing) -> io::Result<()> {
         check_range(offset, len as u64, self.size)?;
         let mut pending = Vec::new();
         for p in pieces(offset, len as u64) {
             let whole = p.offset == 0 && (p.len == OBJECT_SIZE || p.end_in_image() == self.size);
             let oid = self.oid(p.object)?;
-            pending.push(if may_trim && whole {
+            pending.push(if zeroing == Zeroing::MayDeallocate && whole {
                 self.io.remove(oid)?
             } else {
                 self.io.zero(oid, p.offset, p.len)?
@@ -403,7 +404,7 @@ impl BackingStore for RadosStore {
         Ok(out.freeze())
     }
 
-    async fn write(&self, offset: u64, data: Bytes, _fua: bool) -> io::Result<()> {
+    async fn write(&self, offset: u64, data: Bytes, _: Durability) -> io::Result<()> {
         check_range(offset, data.len() as u64, self.size)?;
         let mut at = 0;
         let mut pending = Vec::new();
@@ -423,11 +424,11 @@ impl BackingStore for RadosStore {
     }
 
     async fn trim(&self, offset: u64, len: u32) -> io::Result<()> {
-        self.zero_range(offset, len, true).await
+        self.zero_range(offset, len, Zeroing::MayDeallocate).await
     }
 
-    async fn write_zeroes(&self, offset: u64, len: u32, may_trim: bool) -> io::Result<()> {
-        self.zero_range(offset, len, may_trim).await
+    async fn write_zeroes(&self, offset: u64, len: u32, zeroing: Zeroing) -> io::Result<()> {
+        self.zero_range(offset, len, zeroing).await
     }
 
     async fn block_status(&self, offset: u64, len: u32) -> io::Result<Vec<Extent>> {

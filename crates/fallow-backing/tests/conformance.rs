@@ -2,7 +2,8 @@
 //! against a byte-vector model (`support/mod.rs`, shared with `rados.rs`), plus the edges
 //! (out-of-range, read-only, block status of a sparse image, creating and reopening images).
 
-mod support;
+use fallow_backing::{Durability, Zeroing};
+use fallow_testkit::backing_model as support;
 
 use std::path::PathBuf;
 
@@ -48,8 +49,8 @@ async fn out_of_range_is_an_error_everywhere() {
     for store in [&file as &dyn BackingStore, &mem] {
         assert!(store.read(SIZE - 1, 2).await.is_err());
         assert!(store.read(u64::MAX, 1).await.is_err());
-        assert!(store.write(SIZE, Bytes::from_static(b"x"), false).await.is_err());
-        assert!(store.write_zeroes(SIZE - 10, 11, false).await.is_err());
+        assert!(store.write(SIZE, Bytes::from_static(b"x"), Durability::AtFlush).await.is_err());
+        assert!(store.write_zeroes(SIZE - 10, 11, Zeroing::KeepAllocated).await.is_err());
         assert!(store.trim(SIZE, 1).await.is_err());
         assert!(store.read(SIZE - 1, 1).await.is_ok());
     }
@@ -65,7 +66,7 @@ async fn images_are_sparse_and_block_status_tells_holes_from_data() {
     assert_eq!(meta.len(), size);
     use std::os::unix::fs::MetadataExt;
     assert!(meta.blocks() * 512 < size / 4, "a new image is sparse");
-    store.write(4 << 20, Bytes::from(vec![1u8; 1 << 20]), false).await.unwrap();
+    store.write(4 << 20, Bytes::from(vec![1u8; 1 << 20]), Durability::AtFlush).await.unwrap();
     let extents = store.block_status(0, 8 << 20).await.unwrap();
     let total: u64 = extents.iter().map(|e| e.length).sum();
     assert_eq!(total, 8 << 20);
@@ -84,7 +85,7 @@ async fn images_are_sparse_and_block_status_tells_holes_from_data() {
 async fn reopening_keeps_data_and_refuses_a_different_size() {
     let path = temp("reopen");
     let store = FileStore::open_or_create(&path, SIZE).unwrap();
-    store.write(100, Bytes::from_static(b"kept"), true).await.unwrap();
+    store.write(100, Bytes::from_static(b"kept"), Durability::Immediate).await.unwrap();
     drop(store);
     let again = FileStore::open_or_create(&path, SIZE).unwrap();
     assert_eq!(&again.read(100, 4).await.unwrap()[..], b"kept");
@@ -92,7 +93,7 @@ async fn reopening_keeps_data_and_refuses_a_different_size() {
     assert!(err.to_string().contains("exists with"), "{err}");
     let ro = FileStore::open(&path, true).unwrap();
     assert!(ro.capabilities().read_only);
-    let err = ro.write(0, Bytes::from_static(b"x"), false).await.unwrap_err();
+    let err = ro.write(0, Bytes::from_static(b"x"), Durability::AtFlush).await.unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::PermissionDenied);
     let err = FileStore::open(&temp("missing"), false).unwrap_err();
     assert!(err.to_string().contains("cannot open"), "{err}");
@@ -102,7 +103,7 @@ async fn reopening_keeps_data_and_refuses_a_different_size() {
 #[tokio::test]
 async fn mem_store_trim_frees_whole_pages() {
     let store = MemStore::new(SIZE);
-    store.write(0, Bytes::from(vec![7u8; 3 * 4096]), false).await.unwrap();
+    store.write(0, Bytes::from(vec![7u8; 3 * 4096]), Durability::AtFlush).await.unwrap();
     assert_eq!(store.allocated_pages(), 3);
     store.trim(4096, 4096).await.unwrap();
     assert_eq!(store.allocated_pages(), 2);

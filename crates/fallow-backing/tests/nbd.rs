@@ -12,7 +12,8 @@
 //! writes on it, and a server that reads slowly, so that requests pile up and go out in
 //! shared `writev`s, partial writes included.
 
-mod support;
+use fallow_backing::{Durability, Zeroing};
+use fallow_testkit::backing_model as support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -171,7 +172,7 @@ async fn many_requests_in_flight_keep_their_data() {
                             [7, 512, 4096, 4096 * 3 + 5, 65536, 262144][(i + round) as usize % 6];
                         let offset = i * (1 << 20) + round * 1000;
                         let data = pattern(i * 100 + round + conns, len);
-                        store.write(offset, data.clone(), false).await.unwrap();
+                        store.write(offset, data.clone(), Durability::AtFlush).await.unwrap();
                         let got = store.read(offset, len as u32).await.unwrap();
                         assert!(got == data, "task {i} round {round}: data differs");
                     }
@@ -193,7 +194,7 @@ async fn block_status_comes_from_the_upstream() {
     let nbdkit = Nbdkit::start(&dir.path("s"), &["memory", "16M"]);
     let store = NbdStore::connect(&nbdkit.uri("")).await.unwrap();
     assert!(store.capabilities().block_status);
-    store.write(4 << 20, pattern(1, 1 << 20), false).await.unwrap();
+    store.write(4 << 20, pattern(1, 1 << 20), Durability::AtFlush).await.unwrap();
     let extents = store.block_status(0, 8 << 20).await.unwrap();
     let total: u64 = extents.iter().map(|e| e.length).sum();
     assert!(total > 0 && total <= 8 << 20, "{extents:?}");
@@ -201,7 +202,7 @@ async fn block_status_comes_from_the_upstream() {
     let data = &extents[1];
     assert!(!data.hole && !data.zero && data.length == 1 << 20, "{extents:?}");
     // Zeroing with trimming allowed punches the data out again.
-    store.write_zeroes(4 << 20, 1 << 20, true).await.unwrap();
+    store.write_zeroes(4 << 20, 1 << 20, Zeroing::MayDeallocate).await.unwrap();
     let extents = store.block_status(4 << 20, 1 << 20).await.unwrap();
     assert!(extents.iter().all(|e| e.zero), "{extents:?}");
     // Ranges are checked before anything is sent.
@@ -221,7 +222,7 @@ async fn a_server_without_block_status_still_serves() {
         let extents = store.block_status(0, 1 << 20).await.unwrap();
         assert!(extents.iter().all(|e| !e.hole), "{extents:?}");
     }
-    store.write(0, pattern(3, 4096), true).await.unwrap();
+    store.write(0, pattern(3, 4096), Durability::Immediate).await.unwrap();
     assert_eq!(store.read(0, 4096).await.unwrap(), pattern(3, 4096));
 }
 
@@ -246,7 +247,7 @@ async fn eshutdown_from_nbdkit_moves_to_a_new_connection() {
         ],
     );
     let store = NbdStore::connect(&nbdkit.uri("")).await.unwrap();
-    store.write(0, pattern(5, 8192), false).await.unwrap();
+    store.write(0, pattern(5, 8192), Durability::AtFlush).await.unwrap();
     assert_eq!(store.read(0, 8192).await.unwrap(), pattern(5, 8192));
     assert_eq!(log_count(&log, "Connect"), 1);
     // Every read fails with ESHUTDOWN: the store hangs up softly (DISC), retries once on
@@ -255,7 +256,7 @@ async fn eshutdown_from_nbdkit_moves_to_a_new_connection() {
     let err = store.read(0, 4096).await.unwrap_err();
     assert!(err.to_string().contains("108"), "{err}");
     // A write is not refused by the filter; it goes to a third connection.
-    store.write(8192, pattern(6, 4096), false).await.unwrap();
+    store.write(8192, pattern(6, 4096), Durability::AtFlush).await.unwrap();
     std::fs::remove_file(&trigger).unwrap();
     assert_eq!(store.read(0, 8192).await.unwrap(), pattern(5, 8192));
     assert_eq!(store.read(8192, 4096).await.unwrap(), pattern(6, 4096));
@@ -278,13 +279,13 @@ async fn nbdkit_restarted_on_the_same_socket_is_found_again() {
     let file = format!("file={}", image.display());
     let nbdkit = Nbdkit::start(&socket, &["file", &file]);
     let store = NbdStore::connect(&nbdkit.uri("&conns=2")).await.unwrap();
-    store.write(0, pattern(7, 65536), true).await.unwrap();
+    store.write(0, pattern(7, 65536), Durability::Immediate).await.unwrap();
     nbdkit.stop();
     // While it is down, requests fail (and do not hang).
     assert!(store.read(0, 4096).await.is_err());
     let nbdkit = Nbdkit::start(&socket, &["file", &file]);
     assert_eq!(store.read(0, 65536).await.unwrap(), pattern(7, 65536));
-    store.write(65536, pattern(8, 4096), false).await.unwrap();
+    store.write(65536, pattern(8, 4096), Durability::AtFlush).await.unwrap();
     store.flush().await.unwrap();
     assert_eq!(store.read(65536, 4096).await.unwrap(), pattern(8, 4096));
     // In flight while nbdkit stops: every read either completes or fails, none hangs, and
@@ -567,7 +568,7 @@ async fn reads_are_put_together_from_chunks_in_any_order() {
     assert!(got[1024..4096].iter().all(|b| *b == 2));
     assert!(got[4096..].iter().all(|b| *b == 0));
     // The connection is fine afterwards.
-    store.write(0, pattern(1, 100), false).await.unwrap();
+    store.write(0, pattern(1, 100), Durability::AtFlush).await.unwrap();
     assert_eq!(store.read(0, 100).await.unwrap(), pattern(1, 100));
     assert_eq!(fake.connections(), 1);
 }
@@ -604,10 +605,10 @@ async fn a_read_missing_data_or_with_an_error_chunk_fails_alone() {
     assert_eq!(err.kind(), std::io::ErrorKind::InvalidData, "{err}");
     let err = store.read(4096, 4096).await.unwrap_err();
     assert!(err.to_string().contains("bad sector"), "{err}");
-    let err = store.write(8192, pattern(1, 10), false).await.unwrap_err();
+    let err = store.write(8192, pattern(1, 10), Durability::AtFlush).await.unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::StorageFull, "{err}");
     // None of that is worth a retry or a new connection.
-    store.write(12288, pattern(2, 10), false).await.unwrap();
+    store.write(12288, pattern(2, 10), Durability::AtFlush).await.unwrap();
     assert_eq!(store.read(12288, 10).await.unwrap(), pattern(2, 10));
     assert_eq!(fake.connections(), 1);
     let reads = fake.seen().iter().filter(|(_, r)| r.cmd == Cmd::Read).count();
@@ -632,7 +633,7 @@ async fn eshutdown_means_disc_then_one_retry_elsewhere() {
         Action::Send(chunk(NBD_REPLY_FLAG_DONE, r.cookie, body))
     });
     let store = NbdStore::connect(&fake.uri("")).await.unwrap();
-    store.write(0, pattern(4, 4096), false).await.unwrap();
+    store.write(0, pattern(4, 4096), Durability::AtFlush).await.unwrap();
     assert_eq!(store.read(0, 4096).await.unwrap(), pattern(4, 4096));
     // Connection 0 got the read, then DISC; the read was answered on connection 1. The
     // DISC goes out as connection 0 is let go, which may finish after the read returned:
@@ -668,13 +669,13 @@ async fn a_lost_connection_is_retried_once_for_reads_and_writes() {
     let store = NbdStore::connect(&fake.uri("")).await.unwrap();
     store.read(0, 4096).await.unwrap();
     assert_eq!(fake.connections(), 2);
-    let err = store.write(4096, pattern(1, 4096), false).await.unwrap_err();
+    let err = store.write(4096, pattern(1, 4096), Durability::AtFlush).await.unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::ConnectionAborted, "{err}");
     // Tried twice (connections 1 and 2), then reported.
     let writes: Vec<usize> =
         fake.seen().iter().filter(|(_, r)| r.cmd == Cmd::Write).map(|(c, _)| *c).collect();
     assert_eq!(writes, [1, 2]);
-    store.write(0, pattern(2, 10), false).await.unwrap();
+    store.write(0, pattern(2, 10), Durability::AtFlush).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -689,18 +690,18 @@ async fn a_flush_after_a_lost_connection_owns_up_to_what_it_cannot_cover() {
     });
     let store = NbdStore::connect(&fake.uri("")).await.unwrap();
     // Written, flushed, then the connection is lost: nothing to report.
-    store.write(0, pattern(1, 4096), false).await.unwrap();
+    store.write(0, pattern(1, 4096), Durability::AtFlush).await.unwrap();
     store.flush().await.unwrap();
     store.read(8192, 4096).await.unwrap();
     store.flush().await.unwrap();
     // Written, not flushed, lost: the next flush says so, once.
-    store.write(0, pattern(2, 4096), false).await.unwrap();
+    store.write(0, pattern(2, 4096), Durability::AtFlush).await.unwrap();
     store.read(16384, 4096).await.unwrap();
     let err = store.flush().await.unwrap_err();
     assert!(err.to_string().contains("may be lost"), "{err}");
     store.flush().await.unwrap();
     // Written with FUA, lost: durable already.
-    store.write(0, pattern(3, 4096), true).await.unwrap();
+    store.write(0, pattern(3, 4096), Durability::Immediate).await.unwrap();
     store.read(24576, 4096).await.unwrap();
     store.flush().await.unwrap();
     assert_eq!(fake.connections(), 4);
@@ -782,7 +783,7 @@ async fn requests_queued_behind_a_full_socket_go_out_together_intact() {
                     let len = [1, 4096, 100_000, 1 << 20][((i + round) % 4) as usize];
                     let offset = i * (1 << 20) + round * 17;
                     let data = pattern(i * 10 + round, len);
-                    store.write(offset, data.clone(), false).await.unwrap();
+                    store.write(offset, data.clone(), Durability::AtFlush).await.unwrap();
                     assert!(store.read(offset, len as u32).await.unwrap() == data, "task {i}");
                 }
             })
@@ -843,7 +844,7 @@ async fn a_server_without_structured_replies_gets_simple_ones() {
         store.block_status(0, 4096).await.unwrap_err().kind(),
         std::io::ErrorKind::Unsupported
     );
-    store.write(1000, pattern(9, 300_000), false).await.unwrap();
+    store.write(1000, pattern(9, 300_000), Durability::AtFlush).await.unwrap();
     assert_eq!(store.read(1000, 300_000).await.unwrap(), pattern(9, 300_000));
     // Dropping the store disconnects softly: the server sees DISC and ends.
     drop(store);

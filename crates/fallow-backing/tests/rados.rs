@@ -7,18 +7,17 @@
 //! One test function brings the cluster up once (about 6 s) and runs every part in turn.
 #![cfg(feature = "rados")]
 
-#[path = "../../../tests/ceph/cluster.rs"]
-mod ceph;
-mod support;
+use fallow_backing::{Durability, Zeroing};
+use fallow_testkit::backing_model as support;
 
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ceph::CephCluster;
 use fallow_backing::rados::{RadosConfig, RadosError, RadosStore, OBJECT_SIZE};
 use fallow_backing::{BackingStore, Extent};
+use fallow_testkit::ceph::CephCluster;
 use proptest::prelude::*;
 use proptest::test_runner::TestRunner;
 use support::{check, op, pattern, Geometry};
@@ -96,7 +95,7 @@ async fn lays_out_objects_as_documented(cluster: &CephCluster) {
     let store = open(cluster, "layout", Some(size)).await;
     assert_eq!(store.size(), size);
     let data: Vec<u8> = (0..8192).map(|i| pattern(7, i)).collect();
-    store.write(OBJECT_SIZE - 4096, Bytes::from(data.clone()), false).await.unwrap();
+    store.write(OBJECT_SIZE - 4096, Bytes::from(data.clone()), Durability::AtFlush).await.unwrap();
     assert_eq!(store.read(OBJECT_SIZE - 4096, 8192).await.unwrap(), data);
 
     let (ok, first) = cluster.rados(&["-N", NS, "get", "layout.0000000000000000", "-"]);
@@ -126,7 +125,10 @@ async fn lays_out_objects_as_documented(cluster: &CephCluster) {
 
     // The last object is short (4 KiB of image); a 100-byte write makes it 100 bytes long,
     // and the rest of it reads as zeros.
-    store.write(2 * OBJECT_SIZE, Bytes::from_static(&[9u8; 100]), true).await.unwrap();
+    store
+        .write(2 * OBJECT_SIZE, Bytes::from_static(&[9u8; 100]), Durability::Immediate)
+        .await
+        .unwrap();
     let got = store.read(2 * OBJECT_SIZE, 4096).await.unwrap();
     assert!(got[..100].iter().all(|b| *b == 9) && got[100..].iter().all(|b| *b == 0));
 }
@@ -137,7 +139,10 @@ async fn reports_holes_and_trims_whole_objects(cluster: &CephCluster) {
     let size = 3 * OBJECT_SIZE;
     let store = open(cluster, "holes", Some(size)).await;
     let object = |n: u64| format!("holes.{n:016x}");
-    store.write(OBJECT_SIZE, Bytes::from(vec![1u8; MIB as usize]), false).await.unwrap();
+    store
+        .write(OBJECT_SIZE, Bytes::from(vec![1u8; MIB as usize]), Durability::AtFlush)
+        .await
+        .unwrap();
     let extents = store.block_status(0, size as u32).await.unwrap();
     assert_eq!(
         extents,
@@ -156,16 +161,16 @@ async fn reports_holes_and_trims_whole_objects(cluster: &CephCluster) {
     assert!(got[..4096].iter().all(|b| *b == 0) && got[4096..].iter().all(|b| *b == 1));
     assert!(exists(cluster, &object(1)));
     // A whole object without may_trim: zeroed, not deleted.
-    store.write_zeroes(OBJECT_SIZE, OBJECT_SIZE as u32, false).await.unwrap();
+    store.write_zeroes(OBJECT_SIZE, OBJECT_SIZE as u32, Zeroing::KeepAllocated).await.unwrap();
     assert!(exists(cluster, &object(1)));
     assert!(store.read(OBJECT_SIZE, MIB as u32).await.unwrap().iter().all(|b| *b == 0));
     // Zeroing a missing object does not create it.
-    store.write_zeroes(0, 4096, false).await.unwrap();
+    store.write_zeroes(0, 4096, Zeroing::KeepAllocated).await.unwrap();
     assert!(!exists(cluster, &object(0)));
     // A whole object with may_trim, and a trim across two whole objects: deleted.
-    store.write_zeroes(OBJECT_SIZE, OBJECT_SIZE as u32, true).await.unwrap();
+    store.write_zeroes(OBJECT_SIZE, OBJECT_SIZE as u32, Zeroing::MayDeallocate).await.unwrap();
     assert!(!exists(cluster, &object(1)));
-    store.write(2 * OBJECT_SIZE + 5, Bytes::from_static(b"x"), false).await.unwrap();
+    store.write(2 * OBJECT_SIZE + 5, Bytes::from_static(b"x"), Durability::AtFlush).await.unwrap();
     assert!(exists(cluster, &object(2)));
     store.trim(OBJECT_SIZE, 2 * OBJECT_SIZE as u32).await.unwrap();
     assert!(!exists(cluster, &object(2)));
@@ -177,7 +182,7 @@ async fn reports_holes_and_trims_whole_objects(cluster: &CephCluster) {
 /// data survives closing; a header this version does not know is refused.
 async fn reopens_and_checks_the_size(cluster: &CephCluster) {
     let store = open(cluster, "reopen", Some(8 * MIB)).await;
-    store.write(OBJECT_SIZE - 2, Bytes::from_static(b"kept"), true).await.unwrap();
+    store.write(OBJECT_SIZE - 2, Bytes::from_static(b"kept"), Durability::Immediate).await.unwrap();
     store.flush().await.unwrap();
     drop(store);
     let again = open(cluster, "reopen", None).await;
@@ -215,7 +220,9 @@ async fn runs_requests_in_parallel(cluster: &CephCluster) {
             tokio::spawn(async move {
                 let data: Vec<u8> = (0..piece as usize).map(|j| pattern(i as u8, j)).collect();
                 // 260 KiB apart from 128 KiB on: piece 15 straddles the boundary at 4 MiB.
-                store.write(i * (piece + 4096) + 128 * 1024, Bytes::from(data), false).await
+                store
+                    .write(i * (piece + 4096) + 128 * 1024, Bytes::from(data), Durability::AtFlush)
+                    .await
             })
         })
         .collect();

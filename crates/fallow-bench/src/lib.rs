@@ -12,6 +12,11 @@
 //! [`delay_proxy`]: a TCP proxy that adds a fixed latency in each direction, the netem
 //! stand-in of the fault tests (`fallow bench delay-proxy`).
 
+// Bytes from the network or a disk never panic the process (STYLE.md rule 7): no unwrap,
+// expect or unchecked indexing outside tests; an index that holds by construction says
+// why, in an `expect` on its function.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing))]
+
 pub mod delay_proxy;
 pub mod pages;
 pub mod replay;

@@ -60,6 +60,7 @@ pub struct ReplayResult {
 }
 
 /// Replays `accesses` through an engine of `cache_pages` pages under `policy`.
+#[expect(clippy::indexing_slicing, reason = "the page buffer has PAGE_SIZE bytes")]
 pub fn replay<I>(accesses: I, cache_pages: usize, policy: &str) -> Result<ReplayResult, ReplayError>
 where
     I: IntoIterator<Item = Result<PageAccess, TraceError>>,

@@ -1,6 +1,11 @@
 //! The async client: connections (opened lazily, reopened after a failure), batching over
 //! the node's batch limit, and one retry of idempotent requests on a fresh connection.
 
+#![expect(
+    clippy::indexing_slicing,
+    reason = "ranges of the caller's keys and connection slots, computed here"
+)]
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};

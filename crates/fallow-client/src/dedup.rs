@@ -2,6 +2,8 @@
 //! hash (CONTENT_SUMMARY and PUT_HASHES, `docs/protocol.md`). The cluster client decides
 //! when to use them (`cluster/dedup.rs`).
 
+#![expect(clippy::indexing_slicing, reason = "ranges of the caller's keys, computed here")]
+
 use fallow_core::content::ContentFilter;
 use fallow_core::{HashPutOutcome, PageKey};
 use fallow_proto::fallow::{Reply, Request};

@@ -27,6 +27,11 @@
 //! nodes as one pool: placement by weighted rendezvous hashing, a summary of where each
 //! page went, node failures turned into misses.
 
+// Bytes from the network or a disk never panic the process (STYLE.md rule 7): no unwrap,
+// expect or unchecked indexing outside tests; an index that holds by construction says
+// why, in an `expect` on its function.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing))]
+
 mod blocking;
 mod client;
 mod cluster;

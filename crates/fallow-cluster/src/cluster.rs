@@ -194,7 +194,7 @@ impl Cluster {
 
     /// How many times `event` happened since start.
     pub fn event_count(&self, event: MemberEvent) -> u64 {
-        self.inner.shared.events[event as usize].load(Ordering::Relaxed)
+        self.inner.shared.events.get(event as usize).map_or(0, |n| n.load(Ordering::Relaxed))
     }
 
     /// Leaves the cluster: tells the others (they list this member dead at once instead
@@ -313,7 +313,9 @@ impl Watcher {
         if changed {
             let left = |m: &Member| leaving.contains(&(m.id.clone(), m.generation));
             for (event, member) in member::events(&before, &list, left) {
-                self.shared.events[event as usize].fetch_add(1, Ordering::Relaxed);
+                if let Some(count) = self.shared.events.get(event as usize) {
+                    count.fetch_add(1, Ordering::Relaxed);
+                }
                 log_event(event, member);
             }
             self.shared.news.send_replace(list);

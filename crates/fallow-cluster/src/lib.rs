@@ -32,6 +32,11 @@
 //! `leave()`. [`Member`], [`MemberState`], [`MemberEvent`]: what it reports.
 //! [`GossipTraffic`]: datagrams and bytes, for metrics.
 
+// Bytes from the network or a disk never panic the process (STYLE.md rule 7): no unwrap,
+// expect or unchecked indexing outside tests; an index that holds by construction says
+// why, in an `expect` on its function.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing))]
+
 mod cluster;
 mod config;
 mod member;

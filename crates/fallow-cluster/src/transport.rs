@@ -47,7 +47,7 @@ impl GossipKey {
     fn tag(&self, message: &[u8]) -> [u8; TAG_LEN] {
         let full = mac(&self.0).chain_update(message).finalize().into_bytes();
         let mut tag = [0; TAG_LEN];
-        tag.copy_from_slice(&full[..TAG_LEN]);
+        tag.iter_mut().zip(full.iter()).for_each(|(t, f)| *t = *f);
         tag
     }
 
@@ -73,8 +73,8 @@ impl std::fmt::Debug for GossipKey {
     }
 }
 
+#[expect(clippy::expect_used, reason = "HMAC takes keys of any length; this never fails")]
 fn mac(key: &[u8]) -> Hmac<Sha256> {
-    // HMAC takes keys of any length; this never fails.
     Hmac::<Sha256>::new_from_slice(key).expect("HMAC accepts any key")
 }
 

@@ -2,7 +2,7 @@
 
 use fallow_proto::nbd::*;
 
-use crate::cache::CacheLayer;
+use fallow_cache::CacheLayer;
 
 /// The largest READ or WRITE the server accepts (and advertises as its maximum block
 /// size): 32 MiB, the protocol's customary default.

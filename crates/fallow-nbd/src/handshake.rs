@@ -301,8 +301,8 @@ fn rep_error(error: RepError, message: &str) -> OptionReply {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::{CacheConfig, CacheLayer};
     use fallow_backing::MemStore;
+    use fallow_cache::{CacheConfig, CacheLayer};
     use fallow_proto::nbd::handshake::{encode_client_flags, GREETING_LEN};
 
     const SIZE: u64 = 1 << 20;

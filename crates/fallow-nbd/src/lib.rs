@@ -12,9 +12,14 @@
 //! # Components
 //! [`NbdServer`]: listeners and connections. [`Export`]: a name and its cache.
 //! [`handshake`], [`transmission`], [`validate`]: the protocol phases.
-//! [`cache`]: the cache layer of one export. [`NbdMetrics`]: Prometheus metrics.
+//! [`NbdMetrics`]: Prometheus metrics. The cache layer of an export is the
+//! `fallow-cache` crate, shared with the other front ends.
 
-pub mod cache;
+// Bytes from the network or a disk never panic the process (STYLE.md rule 7): no unwrap,
+// expect or unchecked indexing outside tests; an index that holds by construction says
+// why, in an `expect` on its function.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing))]
+
 pub mod export;
 pub mod handshake;
 pub mod metrics;

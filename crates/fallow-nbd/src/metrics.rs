@@ -2,10 +2,14 @@
 //! each export's cache (size, hits per tier, backing-store reads and their time, local tier
 //! and pool use, pool errors, dirty data), read from the cache counters at scrape time; and
 //! the memory of a pool held in this process, when the caller has said how to read it
-//! ([`NbdMetrics::watch_pool_memory`]). `fallow stat --nbd` reads these names.
+//! ([`NbdMetrics::watch_pool_memory`]). `fallow stat --nbd` reads these names;
+//! `docs/metrics.md` lists them all. What only grows is a counter (`_total`), advanced at
+//! each scrape to the cache's own count.
 
-use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use fallow_net::{advance_counter, advance_seconds};
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -98,24 +102,24 @@ pub struct NbdMetrics {
     pub connections: Gauge,
     /// Connections accepted.
     pub connections_total: Counter,
-    pages: Family<ExportTier, Gauge>,
-    backing_reads: Family<ExportLabel, Gauge>,
-    backing_read_seconds: Family<
-        ExportLabel,
-        prometheus_client::metrics::gauge::Gauge<f64, std::sync::atomic::AtomicU64>,
-    >,
-    pool_errors: Family<ExportLabel, Gauge>,
+    pages: Family<ExportTier, Counter>,
+    backing_reads: Family<ExportLabel, Counter>,
+    backing_read_seconds: Family<ExportLabel, Counter<f64, AtomicU64>>,
+    pool_errors: Family<ExportLabel, Counter>,
     pool_trusted: Family<ExportLabel, Gauge>,
     dirty_bytes: Family<ExportLabel, Gauge>,
-    written_back: Family<ExportLabel, Gauge>,
+    written_back: Family<ExportLabel, Counter>,
     export_size: Family<ExportLabel, Gauge>,
     local_tier_pages: Family<ExportLabel, Gauge>,
-    pool_puts: Family<ExportLabel, Gauge>,
+    pool_puts: Family<ExportLabel, Counter>,
     /// Only a pool in this process has its memory reported; these stay without samples
     /// until [`NbdMetrics::watch_pool_memory`] is called.
     pool_used_bytes: Family<PoolLabel, Gauge>,
     pool_lent_bytes: Family<PoolLabel, Gauge>,
     pool_watch: PoolWatch,
+    /// Held while a scrape advances the counters, so that two scrapes at once do not both
+    /// add the same difference.
+    refresh: Mutex<()>,
 }
 
 impl Default for NbdMetrics {
@@ -151,13 +155,13 @@ impl NbdMetrics {
             "NBD connections accepted",
             connections_total.clone(),
         );
-        let pages = Family::<ExportTier, Gauge>::default();
+        let pages = Family::<ExportTier, Counter>::default();
         registry.register(
             "cache_pages_read",
             "Pages read, by export and the tier that had them (dirty, local, pool, backing)",
             pages.clone(),
         );
-        let backing_reads = Family::<ExportLabel, Gauge>::default();
+        let backing_reads = Family::<ExportLabel, Counter>::default();
         registry.register(
             "backing_reads",
             "Reads sent to the backing store",
@@ -166,10 +170,10 @@ impl NbdMetrics {
         let backing_read_seconds = Family::default();
         registry.register(
             "backing_read_seconds",
-            "Time spent in backing-store reads",
+            "Seconds spent in backing-store reads",
             backing_read_seconds.clone(),
         );
-        let pool_errors = Family::<ExportLabel, Gauge>::default();
+        let pool_errors = Family::<ExportLabel, Counter>::default();
         registry.register(
             "pool_errors",
             "Pool operations that failed (treated as misses or skipped)",
@@ -187,7 +191,7 @@ impl NbdMetrics {
             "Bytes acknowledged but not yet in the backing store (write-back)",
             dirty_bytes.clone(),
         );
-        let written_back = Family::<ExportLabel, Gauge>::default();
+        let written_back = Family::<ExportLabel, Counter>::default();
         registry.register(
             "written_back_pages",
             "Dirty pages written to the backing store",
@@ -201,7 +205,7 @@ impl NbdMetrics {
             "Pages held in the export's local tier (this process)",
             local_tier_pages.clone(),
         );
-        let pool_puts = Family::<ExportLabel, Gauge>::default();
+        let pool_puts = Family::<ExportLabel, Counter>::default();
         registry.register(
             "pool_put_pages",
             "Pages put into the pool (populates and demotions)",
@@ -239,6 +243,7 @@ impl NbdMetrics {
             pool_used_bytes,
             pool_lent_bytes,
             pool_watch: PoolWatch::default(),
+            refresh: Mutex::new(()),
         }
     }
 
@@ -275,8 +280,9 @@ impl NbdMetrics {
         }
     }
 
-    /// Refreshes the export gauges and encodes everything in the Prometheus text format.
+    /// Refreshes the export metrics and encodes everything in the Prometheus text format.
     pub fn render(&self, exports: &[Arc<Export>]) -> String {
+        let _one_at_a_time = self.refresh.lock().unwrap_or_else(|e| e.into_inner());
         let set = |g: &Gauge, v: u64| {
             g.set(i64::try_from(v).unwrap_or(i64::MAX));
         };
@@ -289,23 +295,27 @@ impl NbdMetrics {
                 ("pool", &s.pool_hits),
                 ("backing", &s.misses),
             ] {
-                set(
+                advance_counter(
                     &self.pages.get_or_create(&ExportTier { export: name.clone(), tier }),
                     v.load(Relaxed),
                 );
             }
             let label = ExportLabel { export: name };
-            set(&self.backing_reads.get_or_create(&label), s.backing_reads.load(Relaxed));
-            self.backing_read_seconds
-                .get_or_create(&label)
-                .set(s.backing_read_micros.load(Relaxed) as f64 / 1e6);
-            set(&self.pool_errors.get_or_create(&label), s.pool_errors.load(Relaxed));
+            advance_counter(
+                &self.backing_reads.get_or_create(&label),
+                s.backing_reads.load(Relaxed),
+            );
+            advance_seconds(
+                &self.backing_read_seconds.get_or_create(&label),
+                s.backing_read_micros.load(Relaxed) as f64 / 1e6,
+            );
+            advance_counter(&self.pool_errors.get_or_create(&label), s.pool_errors.load(Relaxed));
             set(&self.pool_trusted.get_or_create(&label), export.cache.pool_trusted() as u64);
             set(&self.dirty_bytes.get_or_create(&label), export.cache.dirty_bytes());
-            set(&self.written_back.get_or_create(&label), s.written_back.load(Relaxed));
+            advance_counter(&self.written_back.get_or_create(&label), s.written_back.load(Relaxed));
             set(&self.export_size.get_or_create(&label), export.size());
             set(&self.local_tier_pages.get_or_create(&label), export.cache.local_pages() as u64);
-            set(&self.pool_puts.get_or_create(&label), s.pool_puts.load(Relaxed));
+            advance_counter(&self.pool_puts.get_or_create(&label), s.pool_puts.load(Relaxed));
         }
         if let Some(source) = self.pool_watch.0.get() {
             let memory = source();
@@ -314,7 +324,10 @@ impl NbdMetrics {
             set(&self.pool_lent_bytes.get_or_create(&label), memory.lent_bytes);
         }
         let mut text = String::new();
-        encode(&mut text, &self.registry).expect("encoding into a String");
+        // Writing into a String cannot fail; were it to, the scrape would be empty.
+        if encode(&mut text, &self.registry).is_err() {
+            text.clear();
+        }
         text
     }
 }
@@ -322,8 +335,8 @@ impl NbdMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::{CacheConfig, CacheLayer};
     use fallow_backing::MemStore;
+    use fallow_cache::{CacheConfig, CacheLayer};
 
     #[test]
     fn export_size_always_pool_memory_only_once_watched() {

@@ -31,7 +31,8 @@ use tokio_util::sync::CancellationToken;
 use crate::export::MAX_PAYLOAD;
 use crate::handshake::{Session, BASE_ALLOCATION_ID};
 use crate::metrics::{NbdMetrics, RequestSeries};
-use crate::validate::{errno, validate};
+use crate::validate::{errno, validate, ValidRequest};
+use fallow_backing::Durability;
 
 mod inflight;
 use inflight::InFlight;
@@ -111,15 +112,19 @@ where
                 stopping = true;
                 break;
             }
-            if let Err((error, message)) = validate(&request, session, &session.export) {
-                tracing::debug!(%peer, cmd = request.cmd.name(), error, %message, "request refused");
-                series.record(&request, "refused", 0.0);
-                if !broken {
-                    out.push(session, &request, Outcome::Failed(error, message));
+            let valid = match validate(&request, session, &session.export) {
+                Ok(valid) => valid,
+                Err(refusal) => {
+                    let error = refusal.errno();
+                    tracing::debug!(%peer, cmd = request.cmd.name(), error, %refusal, "request refused");
+                    series.record(&request, "refused", 0.0);
+                    if !broken {
+                        out.push(session, &request, Outcome::Failed(error, refusal.to_string()));
+                    }
+                    continue;
                 }
-                continue;
-            }
-            running.push(run(session, request, payload));
+            };
+            running.push(run(session, valid, payload));
         }
         if stopping && running.is_empty() && (out.is_empty() || broken) {
             break;
@@ -190,10 +195,10 @@ where
 }
 
 /// Executes a checked request; says how long it took.
-async fn run(session: &Session, request: Request, payload: Bytes) -> (Request, Outcome, f64) {
+async fn run(session: &Session, valid: ValidRequest, payload: Bytes) -> (Request, Outcome, f64) {
     let started = std::time::Instant::now();
-    let outcome = execute(session, &request, payload).await;
-    (request, outcome, started.elapsed().as_secs_f64())
+    let outcome = execute(session, &valid, payload).await;
+    (valid.request, outcome, started.elapsed().as_secs_f64())
 }
 
 /// The metric series this connection has updated, kept so that counting a request does
@@ -206,6 +211,7 @@ struct Series<'a> {
 
 impl Series<'_> {
     /// Counts one answered request (`result`: ok, error or refused).
+    #[expect(clippy::indexing_slicing, reason = "the entry just pushed")]
     fn record(&mut self, request: &Request, result: &'static str, seconds: f64) {
         let (cmd, ok) = (request.cmd.name(), result == "ok");
         let with_bytes = ok && matches!(request.cmd, Cmd::Read | Cmd::Write);
@@ -286,6 +292,7 @@ impl Outbox {
     }
 
     /// Writes as much of the queue as the stream takes in one (vectored) write.
+    #[expect(clippy::indexing_slicing, reason = "`n` stops at the iovec array's length")]
     fn poll_write<S: AsyncWrite + Unpin>(
         &self,
         stream: &mut S,
@@ -333,9 +340,10 @@ impl Outbox {
 }
 
 /// Executes a checked request.
-async fn execute(session: &Session, request: &Request, payload: Bytes) -> Outcome {
+async fn execute(session: &Session, valid: &ValidRequest, payload: Bytes) -> Outcome {
     let cache = &session.export.cache;
-    let fua = request.flags & NBD_CMD_FLAG_FUA != 0;
+    let request = &valid.request;
+    let fua = valid.durability == Durability::Immediate;
     // A zero-length request has nothing to do (the spec leaves its result to the server;
     // doing nothing keeps stores from seeing empty ranges).
     let empty = request.length == 0
@@ -343,7 +351,9 @@ async fn execute(session: &Session, request: &Request, payload: Bytes) -> Outcom
     let result: io::Result<Outcome> = match request.cmd {
         _ if empty => Ok(Outcome::Done),
         Cmd::Read => cache.read(request.offset, request.length).await.map(Outcome::Data),
-        Cmd::Write => cache.write(request.offset, payload, fua).await.map(|_| Outcome::Done),
+        Cmd::Write => {
+            cache.write(request.offset, payload, valid.durability).await.map(|_| Outcome::Done)
+        }
         Cmd::Flush => cache.flush().await.map(|_| Outcome::Done),
         Cmd::Trim => {
             async {
@@ -357,8 +367,7 @@ async fn execute(session: &Session, request: &Request, payload: Bytes) -> Outcom
         }
         Cmd::WriteZeroes => {
             async {
-                let may_trim = request.flags & NBD_CMD_FLAG_NO_HOLE == 0;
-                cache.write_zeroes(request.offset, request.length, may_trim).await?;
+                cache.write_zeroes(request.offset, request.length, valid.zeroing).await?;
                 if fua {
                     cache.flush().await?;
                 }
@@ -430,9 +439,9 @@ fn encode_error(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::{CacheConfig, CacheLayer};
     use crate::export::Export;
     use fallow_backing::MemStore;
+    use fallow_cache::{CacheConfig, CacheLayer};
     use std::collections::HashMap;
     use std::sync::Arc;
     use std::time::Duration;

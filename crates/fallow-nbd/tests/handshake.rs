@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use fallow_backing::MemStore;
+use fallow_cache::{CacheConfig, CacheLayer};
 use fallow_core::ListenAddr;
-use fallow_nbd::cache::{CacheConfig, CacheLayer};
 use fallow_nbd::{Export, NbdServer};
 use fallow_proto::nbd::handshake::{encode_client_flags, GREETING_LEN};
 use fallow_proto::nbd::{Cmd, Opt, Request, NBD_FLAG_C_FIXED_NEWSTYLE, NBD_SIMPLE_REPLY_MAGIC};

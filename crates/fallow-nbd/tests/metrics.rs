@@ -4,8 +4,8 @@ use std::io::{Read, Write};
 use std::sync::Arc;
 
 use fallow_backing::MemStore;
+use fallow_cache::{CacheConfig, CacheLayer};
 use fallow_core::ListenAddr;
-use fallow_nbd::cache::{CacheConfig, CacheLayer};
 use fallow_nbd::{Export, NbdServer};
 
 fn scrape(addr: std::net::SocketAddr) -> String {
@@ -76,8 +76,14 @@ async fn metrics_count_requests_and_cache_tiers() {
     assert!(value(&text, "fallow_nbd_requests_total{cmd=\"flush\",result=\"ok\"}") >= 1.0);
     assert_eq!(value(&text, "fallow_nbd_bytes_total{cmd=\"write\"}"), 65536.0);
     // The 16 written pages are read from the local tier, the one never written from the store.
-    assert_eq!(value(&text, "fallow_nbd_cache_pages_read{export=\"m\",tier=\"local\"}"), 16.0);
-    assert_eq!(value(&text, "fallow_nbd_cache_pages_read{export=\"m\",tier=\"backing\"}"), 1.0);
+    assert_eq!(
+        value(&text, "fallow_nbd_cache_pages_read_total{export=\"m\",tier=\"local\"}"),
+        16.0
+    );
+    assert_eq!(
+        value(&text, "fallow_nbd_cache_pages_read_total{export=\"m\",tier=\"backing\"}"),
+        1.0
+    );
     assert_eq!(value(&text, "fallow_nbd_connections_accepted_total"), 1.0);
     assert_eq!(value(&text, "fallow_nbd_pool_trusted{export=\"m\"}"), 1.0);
     server.shutdown().await;

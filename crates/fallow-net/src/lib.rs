@@ -6,12 +6,19 @@
 //! [`Listener`]: one bound socket. [`spawn_accept_loop`]: its accept loop.
 //! [`serve_metrics`]: a Prometheus `/metrics` endpoint.
 
+// Bytes from the network or a disk never panic the process (STYLE.md rule 7): no unwrap,
+// expect or unchecked indexing outside tests; an index that holds by construction says
+// why, in an `expect` on its function.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing))]
+
 use std::future::Future;
 use std::io;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use fallow_core::ListenAddr;
+use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
@@ -157,4 +164,23 @@ where
     });
     tracing::info!(%bound, "serving metrics at http://{bound}/metrics");
     Ok(bound)
+}
+
+/// Advances `counter` to `total`, a count kept elsewhere (an engine's, a cache's) that only
+/// grows: a counter cannot be set, only increased, so a scrape adds what changed since the
+/// last. A `total` below the counter (the source was reset) leaves it as it is. Callers
+/// serialise their scrapes, or two would add the same difference.
+pub fn advance_counter(counter: &Counter, total: u64) {
+    let now = counter.get();
+    if total > now {
+        counter.inc_by(total - now);
+    }
+}
+
+/// [`advance_counter`] for a float counter of seconds.
+pub fn advance_seconds(counter: &Counter<f64, AtomicU64>, total: f64) {
+    let now = counter.get();
+    if total > now {
+        counter.inc_by(total - now);
+    }
 }

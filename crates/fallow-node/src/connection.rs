@@ -14,7 +14,7 @@
 //! before AUTH other than HELLO/AUTH, a wrong proof or no common version closes it. Before
 //! AUTH, frames are limited to a few hundred bytes, and the handshake must finish within
 //! `handshake_timeout`. A peer that stops reading its replies is dropped after
-//! `write_timeout`. Each of these is logged and counted in `fallow_protocol_errors`.
+//! `write_timeout`. Each of these is logged and counted in `fallow_node_protocol_errors`.
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -20,6 +20,11 @@
 //! `forward`: peer forwarding, cluster pools served through an embedded cluster client.
 //! [`summary`]: the content summary (a Bloom filter) for clients that dedup across nodes.
 
+// Bytes from the network or a disk never panic the process (STYLE.md rule 7): no unwrap,
+// expect or unchecked indexing outside tests; an index that holds by construction says
+// why, in an `expect` on its function.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing))]
+
 pub mod clients;
 mod cmd;
 pub mod config;

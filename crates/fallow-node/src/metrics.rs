@@ -10,6 +10,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use fallow_cluster::{MemberEvent, MemberState};
+use fallow_net::advance_counter;
 use fallow_proto::fallow::{Op, Status};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -93,6 +94,9 @@ pub struct Metrics {
     forwarding: ForwardGauges,
     /// Forwarded requests running (peer forwarding, `forward.rs`).
     pub forwarded_in_flight: Gauge,
+    /// Held while a scrape advances the counters, so that two scrapes at once do not both
+    /// add the same difference.
+    refresh: std::sync::Mutex<()>,
 }
 
 /// Peer forwarding: requests and pages of cluster pools, served through the cluster.
@@ -109,11 +113,11 @@ struct ForwardGauges {
 #[derive(Debug, Default)]
 struct ClusterGauges {
     members: Family<StateLabel, Gauge>,
-    events: Family<EventLabel, Gauge>,
-    sent_datagrams: Gauge,
-    sent_bytes: Gauge,
-    received_bytes: Gauge,
-    rejected: Gauge,
+    events: Family<EventLabel, Counter>,
+    sent_datagrams: Counter,
+    sent_bytes: Counter,
+    received_bytes: Counter,
+    rejected: Counter,
 }
 
 #[derive(Debug, Default)]
@@ -127,18 +131,18 @@ struct EngineGauges {
     dedup_saved: Gauge,
     compression_saved: Gauge,
     evictions: Gauge,
-    corruptions: Gauge,
+    corruptions: Counter,
     over_budget: Gauge,
     metadata: Gauge,
-    small_share: Gauge,
-    summary_builds: Gauge,
+    small_share: Gauge<f64, AtomicU64>,
+    summary_builds: Counter,
     summary_bytes: Gauge,
     clients: Gauge,
     pools: Gauge,
     host_available: Gauge,
     psi_some_avg10: Gauge<f64, AtomicU64>,
-    budget_shrinks: Gauge,
-    budget_grows: Gauge,
+    budget_shrinks: Counter,
+    budget_grows: Counter,
 }
 
 /// Registers each `(name, handle, help)` in `registry`, in the order given (the order of the
@@ -181,7 +185,7 @@ impl Metrics {
             pools: Gauge::default(),
         };
         let forwarded_in_flight = Gauge::default();
-        let mut registry = Registry::with_prefix("fallow");
+        let mut registry = Registry::with_prefix("fallow_node");
         // Laid out by hand (rustfmt leaves `register! { }` alone): a name and its handle, then
         // the help under them.
         register! {
@@ -222,8 +226,8 @@ impl Metrics {
              "Persistent bytes a shrink could not shed"),
             ("metadata_bytes", engine.metadata,
              "Heap bytes of index and tables"),
-            ("eviction_small_share_percent", engine.small_share,
-             "Small-queue share of the cache the eviction policy chose (100: LRU; 0: none)"),
+            ("eviction_small_share_ratio", engine.small_share,
+             "Small-queue share of the cache the eviction policy chose (1: LRU; 0: none)"),
             ("content_summary_builds", engine.summary_builds,
              "Content summaries built for clients"),
             ("content_summary_bytes", engine.summary_bytes,
@@ -234,8 +238,8 @@ impl Metrics {
              "Pools held by clients"),
             ("host_available_bytes", engine.host_available,
              "The host's available memory at the last governor sample"),
-            ("host_memory_pressure_some_avg10", engine.psi_some_avg10,
-             "PSI memory 'some' avg10 at the last governor sample (percent)"),
+            ("host_memory_pressure_some_avg10_ratio", engine.psi_some_avg10,
+             "PSI memory 'some' avg10 at the last governor sample (0 to 1)"),
             ("budget_shrinks", engine.budget_shrinks,
              "Times the governor shrank the budget"),
             ("budget_grows", engine.budget_grows,
@@ -243,7 +247,7 @@ impl Metrics {
             ("cluster_members", cluster.members,
              "Cluster members this node knows, by state (alive, suspect, dead), itself included"),
             ("cluster_member_events", cluster.events,
-             "Membership changes seen since start, by event (joined, failed, left, ...)"),
+             "Membership changes seen, by event (joined, failed, left, ...)"),
             ("gossip_sent_datagrams", cluster.sent_datagrams,
              "Gossip datagrams sent"),
             ("gossip_sent_bytes", cluster.sent_bytes,
@@ -295,10 +299,12 @@ impl Metrics {
             cluster,
             forwarding,
             forwarded_in_flight,
+            refresh: std::sync::Mutex::new(()),
         }
     }
 
     /// The handles of `op`.
+    #[expect(clippy::expect_used, reason = "`new` registers every op")]
     pub fn op(&self, op: Op) -> &OpMetrics {
         &self.per_op.iter().find(|(o, _)| *o == op).expect("every op is registered").1
     }
@@ -340,8 +346,9 @@ impl Metrics {
 
     /// Counts `n` pages of a page op with result `event`.
     pub fn pages(&self, op: Op, event: PageEvent, n: u64) {
-        if let Some(row) = page_row(op) {
-            self.page_handles[row][event as usize].inc_by(n);
+        let row = page_row(op).and_then(|row| self.page_handles.get(row));
+        if let Some(counter) = row.and_then(|row| row.get(event as usize)) {
+            counter.inc_by(n);
         }
     }
 
@@ -357,11 +364,15 @@ impl Metrics {
 
     /// Pages counted with `event` for `op` so far.
     pub fn page_count(&self, op: Op, event: PageEvent) -> u64 {
-        page_row(op).map_or(0, |row| self.page_handles[row][event as usize].get())
+        let row = page_row(op).and_then(|row| self.page_handles.get(row));
+        row.and_then(|row| row.get(event as usize)).map_or(0, Counter::get)
     }
 
-    /// Refreshes the engine gauges and encodes everything in the Prometheus text format.
+    /// Refreshes the engine's and the cluster's metrics and encodes everything in the
+    /// Prometheus text format. What only grows is a counter, advanced to the source's own
+    /// count.
     pub fn render(&self, node: &Node) -> String {
+        let _one_at_a_time = self.refresh.lock().unwrap_or_else(|e| e.into_inner());
         let stats = node.engine().stats();
         let e = &self.engine;
         let set = |g: &Gauge, v: u64| {
@@ -377,21 +388,21 @@ impl Metrics {
         set(&e.dedup_saved, stats.dedup_saved_bytes);
         set(&e.compression_saved, stats.compression_saved_bytes);
         set(&e.evictions, stats.pools.iter().map(|p| p.evictions).sum());
-        set(&e.corruptions, stats.corruptions);
+        advance_counter(&e.corruptions, stats.corruptions);
         set(&e.over_budget, (stats.over_budget_frames * fallow_core::PAGE_SIZE) as u64);
         set(&e.metadata, stats.metadata_bytes as u64);
-        set(&e.small_share, stats.small_share_percent.map_or(0, u64::from));
+        e.small_share.set(stats.small_share_percent.map_or(0.0, |p| f64::from(p) / 100.0));
         let (builds, bytes) = node.summaries().usage();
-        set(&e.summary_builds, builds);
+        advance_counter(&e.summary_builds, builds);
         set(&e.summary_bytes, bytes as u64);
         set(&e.clients, node.clients().len() as u64);
         set(&e.pools, node.clients().pool_count() as u64);
         set(&self.forwarding.pools, node.cluster_pool_count() as u64);
         if let Some(lending) = node.lending_status() {
             set(&e.host_available, lending.host_available_bytes);
-            e.psi_some_avg10.set(lending.psi_some_avg10);
-            set(&e.budget_shrinks, lending.shrinks);
-            set(&e.budget_grows, lending.grows);
+            e.psi_some_avg10.set(lending.psi_some_avg10 / 100.0);
+            advance_counter(&e.budget_shrinks, lending.shrinks);
+            advance_counter(&e.budget_grows, lending.grows);
         }
         if let Some(cluster) = node.cluster() {
             let members = cluster.members();
@@ -401,17 +412,22 @@ impl Metrics {
             }
             for event in MemberEvent::ALL {
                 let label = EventLabel { event: event.name() };
-                set(&self.cluster.events.get_or_create(&label), cluster.event_count(event));
+                advance_counter(
+                    &self.cluster.events.get_or_create(&label),
+                    cluster.event_count(event),
+                );
             }
             let traffic = cluster.traffic();
-            set(&self.cluster.sent_datagrams, traffic.sent_datagrams);
-            set(&self.cluster.sent_bytes, traffic.sent_bytes);
-            set(&self.cluster.received_bytes, traffic.received_bytes);
-            set(&self.cluster.rejected, traffic.rejected_datagrams);
+            advance_counter(&self.cluster.sent_datagrams, traffic.sent_datagrams);
+            advance_counter(&self.cluster.sent_bytes, traffic.sent_bytes);
+            advance_counter(&self.cluster.received_bytes, traffic.received_bytes);
+            advance_counter(&self.cluster.rejected, traffic.rejected_datagrams);
         }
         let mut text = String::new();
-        // Writing into a String cannot fail.
-        encode(&mut text, &self.registry).expect("encoding into a String");
+        // Writing into a String cannot fail; were it to, the scrape would be empty.
+        if encode(&mut text, &self.registry).is_err() {
+            text.clear();
+        }
         text
     }
 }

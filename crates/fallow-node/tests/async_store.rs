@@ -3,7 +3,7 @@
 //! pools of a cluster keep two copies, so a one-node cluster is compared with an
 //! ephemeral pool, well within its budget: nothing is evicted.)
 
-mod support;
+use fallow_testkit::node as support;
 
 use bytes::Bytes;
 use fallow_core::{AsyncPageStore, PageKey, PoolSpec, PutOutcome, PAGE_SIZE};

@@ -2,7 +2,7 @@
 //! the model-based property test through the `PageStore` trait, isolation of private
 //! pools, shared pools, authentication, reconnects and leases.
 
-mod support;
+use fallow_testkit::node as support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! clients, and persistent pools keep two copies (a put one node refuses keeps none), one
 //! of which is re-created when a node leaves or stays unreachable. Processes and SIGKILL are in `crates/fallow/tests/cluster_client.rs`.
 
-mod support;
+use fallow_testkit::node as support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

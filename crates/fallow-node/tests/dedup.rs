@@ -3,7 +3,7 @@
 //! to the node holding their content, falls back to bytes when a summary is stale, and
 //! reads back exactly what it wrote.
 
-mod support;
+use fallow_testkit::node as support;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! stopped node costs misses and never an error; a node that does not gossip refuses the
 //! flag. `docs/cluster.md` ("Peer forwarding").
 
-mod support;
+use fallow_testkit::node as support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -190,9 +190,15 @@ async fn a_client_of_one_node_uses_the_whole_cluster() {
     assert!(metrics.forwarded_count(Op::Get, Status::Ok) >= 3);
     assert_eq!(metrics.forwarded_count(Op::CreatePool, Status::Ok), 3);
     let text = metrics.render(&nodes[0].node);
-    assert!(text.contains("fallow_forwarded_requests_total{op=\"put\",status=\"ok\"}"), "{text}");
-    assert!(text.contains("fallow_cluster_pools 1"), "{text}");
-    assert!(text.contains("fallow_forwarded_pages_total{op=\"get\",result=\"hit\"}"), "{text}");
+    assert!(
+        text.contains("fallow_node_forwarded_requests_total{op=\"put\",status=\"ok\"}"),
+        "{text}"
+    );
+    assert!(text.contains("fallow_node_cluster_pools 1"), "{text}");
+    assert!(
+        text.contains("fallow_node_forwarded_pages_total{op=\"get\",result=\"hit\"}"),
+        "{text}"
+    );
 
     // Stop node C: its pages are misses through A and through B, never errors; the others
     // are still hits, and new puts go to the nodes left.

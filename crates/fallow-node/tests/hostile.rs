@@ -4,7 +4,7 @@
 //! their replies. Each gets an error status or a closed connection, is counted, and the
 //! node goes on serving everyone else.
 
-mod support;
+use fallow_testkit::node as support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -2,7 +2,7 @@
 //! OS) list each other with their capacity, a node alone lists nobody, the metrics count
 //! members by state, and a node that stops cleanly is listed dead at once.
 
-mod support;
+use fallow_testkit::node as support;
 
 use std::time::{Duration, Instant};
 
@@ -43,7 +43,7 @@ async fn gossiping_nodes_list_each_other_and_a_lone_node_lists_nobody() {
     })
     .await;
     let text = a.node.metrics().render(&a.node);
-    assert!(text.contains("fallow_cluster_members{state=\"alive\"} 2"), "{text}");
+    assert!(text.contains("fallow_node_cluster_members{state=\"alive\"} 2"), "{text}");
 
     let alone = TestNode::start();
     let list = Client::connect(alone.config()).await.unwrap().members().await.unwrap();

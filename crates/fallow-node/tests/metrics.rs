@@ -2,7 +2,7 @@
 //! the issue names (hits, misses, puts, refusals, evictions, per-op latency, lent, used and
 //! saved bytes, connections), moving as traffic flows.
 
-mod support;
+use fallow_testkit::node as support;
 
 use std::io::{Read, Write};
 
@@ -45,24 +45,26 @@ fn metrics_follow_the_traffic() {
         let _ = client.get(PageKey::new(pool, 0, i), &mut out).unwrap();
     }
     let text = scrape(&node);
-    assert_eq!(value(&text, "fallow_pages_total{op=\"get\",result=\"hit\"}"), 10.0);
-    assert_eq!(value(&text, "fallow_pages_total{op=\"get\",result=\"miss\"}"), 5.0);
-    assert_eq!(value(&text, "fallow_pages_total{op=\"put\",result=\"stored\"}"), 11.0);
-    assert_eq!(value(&text, "fallow_pages_total{op=\"put\",result=\"refused\"}"), 0.0);
-    assert_eq!(value(&text, "fallow_requests_total{op=\"get\",status=\"ok\"}"), 15.0);
-    assert_eq!(value(&text, "fallow_request_duration_seconds_count{op=\"put\"}"), 11.0);
-    assert_eq!(value(&text, "fallow_lent_bytes"), (64u64 << 20) as f64);
-    assert_eq!(value(&text, "fallow_stored_pages"), 11.0);
-    assert_eq!(value(&text, "fallow_eviction_small_share_percent"), 10.0, "the default start");
-    assert_eq!(value(&text, "fallow_dedup_saved_bytes"), PAGE_SIZE as f64, "the zero page");
-    assert!(value(&text, "fallow_used_bytes") >= (10 * PAGE_SIZE) as f64);
-    assert_eq!(value(&text, "fallow_compressed_space_bytes"), 0.0, "nothing compressed");
-    assert_eq!(value(&text, "fallow_discarded_bytes"), 0.0, "no frame given back");
-    assert_eq!(value(&text, "fallow_connections"), 1.0);
-    assert_eq!(value(&text, "fallow_clients"), 1.0);
-    for name in
-        ["fallow_live_pool_evictions", "fallow_compression_saved_bytes", "fallow_mapped_bytes"]
-    {
+    assert_eq!(value(&text, "fallow_node_pages_total{op=\"get\",result=\"hit\"}"), 10.0);
+    assert_eq!(value(&text, "fallow_node_pages_total{op=\"get\",result=\"miss\"}"), 5.0);
+    assert_eq!(value(&text, "fallow_node_pages_total{op=\"put\",result=\"stored\"}"), 11.0);
+    assert_eq!(value(&text, "fallow_node_pages_total{op=\"put\",result=\"refused\"}"), 0.0);
+    assert_eq!(value(&text, "fallow_node_requests_total{op=\"get\",status=\"ok\"}"), 15.0);
+    assert_eq!(value(&text, "fallow_node_request_duration_seconds_count{op=\"put\"}"), 11.0);
+    assert_eq!(value(&text, "fallow_node_lent_bytes"), (64u64 << 20) as f64);
+    assert_eq!(value(&text, "fallow_node_stored_pages"), 11.0);
+    assert_eq!(value(&text, "fallow_node_eviction_small_share_ratio"), 0.1, "the default start");
+    assert_eq!(value(&text, "fallow_node_dedup_saved_bytes"), PAGE_SIZE as f64, "the zero page");
+    assert!(value(&text, "fallow_node_used_bytes") >= (10 * PAGE_SIZE) as f64);
+    assert_eq!(value(&text, "fallow_node_compressed_space_bytes"), 0.0, "nothing compressed");
+    assert_eq!(value(&text, "fallow_node_discarded_bytes"), 0.0, "no frame given back");
+    assert_eq!(value(&text, "fallow_node_connections"), 1.0);
+    assert_eq!(value(&text, "fallow_node_clients"), 1.0);
+    for name in [
+        "fallow_node_live_pool_evictions",
+        "fallow_node_compression_saved_bytes",
+        "fallow_node_mapped_bytes",
+    ] {
         let _ = value(&text, name);
     }
     drop(client);

@@ -22,8 +22,7 @@ use fallow_core::{
 };
 use fallow_pool::{Engine, EngineBuilder};
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use fallow_testkit::pages as support;
 
 /// Budget of every engine here.
 const BUDGET: usize = 64 << 20;

@@ -18,8 +18,7 @@ use std::hint::black_box;
 use fallow_core::{Lookup, PageKey, PageStore, PoolSpec, PutOutcome, PAGE_SIZE};
 use fallow_pool::{Engine, EngineBuilder};
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use fallow_testkit::pages as support;
 
 const BUDGET: usize = 64 << 20;
 const KEYS: u64 = 8192;

@@ -17,10 +17,10 @@
 //!   99th-percentile get latency around the shrink.
 //!
 //! `FALLOW_BENCH_QUICK=1` (or `--quick`) divides every size by 8.
-//! `FALLOW_BENCH_METADATA_MIB=N` sizes (a)'s engine at N MiB instead of 256. (With
-//! hashbrown, the hash tables' bytes per page depended on where the page count fell
-//! between powers of two, 256 MiB the worst case and 224 MiB the best; the engine's own
-//! tables now grow to the budget's size, so N matters much less: RFC 0001, session 7.)
+//! `FALLOW_BENCH_METADATA_MIB=N` sizes (a)'s engine at N MiB instead of 256. (The engine's
+//! hash tables grow to the size the budget implies, so N matters little; tables that
+//! double would make the bytes per page depend on where the page count falls between
+//! powers of two.)
 //! The RSS column is VmRSS, so it also counts the code pages first run during the fill;
 //! the RssAnon column leaves them out.
 //! Run with `cargo bench -p fallow-pool --bench memory`, or `bash bench/engine.sh`.
@@ -33,8 +33,7 @@ use std::time::{Duration, Instant};
 use fallow_core::{PageKey, PageStore, PoolSpec, PutOutcome, PAGE_SIZE};
 use fallow_pool::{BudgetReport, Engine, EngineBuilder};
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use fallow_testkit::pages as support;
 
 const MIB: usize = 1 << 20;
 /// (a)'s cases at the bench's size (`metadata_case`).
@@ -173,7 +172,7 @@ fn random_key(pool: fallow_core::PoolId, i: u64, keys: u64) -> PageKey {
 
 /// The key of page `i` when objects are 128 pages (512 KiB) long and their ids are hashes
 /// (of names, say): one run each, so which shard an object lands on is left to its hash.
-/// (Objects numbered in order tile the shards exactly, `shard::shard_of`.)
+/// (Objects numbered in order tile the shards exactly, `hashing::shard_of`.)
 fn small_object_key(pool: fallow_core::PoolId, i: u64) -> PageKey {
     PageKey::new(pool, xxhash_rust::xxh3::xxh3_64(&(i / 128).to_le_bytes()), i % 128)
 }

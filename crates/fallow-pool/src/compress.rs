@@ -1,15 +1,14 @@
-//! The background compressor: a thread that periodically compresses pages that stayed
-//! cold (not read since its previous look), so compression never runs on a put or a get.
-//! At each wake it also moves a step of every hash table's growth under way
-//! (`Engine::finish_growth`), which inserts alone might never finish.
+//! The background compressor: a thread that periodically runs the engine's background
+//! pass, which compresses pages that stayed cold (not read since its previous look), so
+//! compression never runs on a put or a get, and moves a step of every hash table's
+//! growth under way (`Engine::finish_growth`), which inserts alone might never finish.
+//! The thread knows nothing of the engine: the engine hands it the pass to run.
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
-
-use crate::engine::Inner;
 
 /// A running compressor thread; dropping it stops and joins the thread.
 pub struct Compressor {
@@ -18,8 +17,9 @@ pub struct Compressor {
 }
 
 impl Compressor {
-    /// Starts a thread that compresses up to `batch` pages every `every`.
-    pub(crate) fn start(inner: Arc<Inner>, every: Duration, batch: usize) -> Self {
+    /// Starts a thread that runs `pass` every `every`; `pass` returns how many pages it
+    /// compressed.
+    pub(crate) fn start(every: Duration, pass: impl Fn() -> usize + Send + 'static) -> Self {
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let flag = stop.clone();
         let thread = std::thread::Builder::new()
@@ -35,8 +35,7 @@ impl Compressor {
                     // The engine's locks are taken without holding `stopped`'s mutex: a
                     // pass of `batch` pages holds every shard and the store for ~batch × 5 µs.
                     drop(stopped);
-                    inner.tidy_pass(crate::engine::TIDY_GROUPS);
-                    let done = inner.compress_pass(batch);
+                    let done = pass();
                     if done > 0 {
                         tracing::trace!(done, "compressed cold pages");
                     }

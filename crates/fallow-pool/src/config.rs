@@ -46,11 +46,11 @@ pub const MAX_BUDGET_BYTES: usize = (1 << 29) * fallow_core::PAGE_SIZE;
 /// The fewest pages a default shard is given of the most its engine may lend (64 MiB),
 /// unless that leaves fewer than 4 shards. A shard's arrays are sized for its share of
 /// the pages, and that share varies: objects smaller than a run per shard whose ids are
-/// hashes land on some shards and not others (`shard::shard_of`). Full shards outgrow
+/// hashes land on some shards and not others (`hashing::shard_of`). Full shards outgrow
 /// their arrays, and the arrays they outgrew stay resident in the heap though no table
 /// holds them; small shards also waste a part of a page per array. The engine's own
 /// figure counts neither. Resident metadata a page of a full 256 MiB ephemeral pool
-/// (`FALLOW_BENCH_SHARDS=N target/release/deps/memory-* --case ephemeral`, session 16):
+/// (`FALLOW_BENCH_SHARDS=N target/release/deps/memory-* --case ephemeral`):
 /// 31.5 B in 4 shards, 31.8 B in 8, 33.8 B in 16, 40.4 B in 64 and 44.9 B in 256, against
 /// 29.9–32.0 B reported. A host of 64 CPUs had 256 shards by default before this bound,
 /// and 62.7 B a page then (its spans also reserved more; `spans.rs`).

@@ -81,7 +81,7 @@ pub(crate) fn resident_bytes<T>(entries: &[T]) -> usize {
 }
 
 /// Ids to expect in a shard's tables when it holds `pages` pages when full. A dense
-/// object's runs spread over the shards exactly (`shard::shard_of`); scattered pages go
+/// object's runs spread over the shards exactly (`hashing::shard_of`); scattered pages go
 /// run by run by hash, so a shard's share of them varies around its mean by up to
 /// √pages a standard deviation, and room for four of those keeps a full shard from
 /// growing.

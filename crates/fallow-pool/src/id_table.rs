@@ -9,7 +9,7 @@
 //! evicting and inserting near 7/8 fills with tombstones until hashbrown doubles it. This
 //! table is told the size it will have when full ([`IdTable::expect`], when the budget
 //! changes), grows to exactly that, and holds a load near 15/16 whatever the churn:
-//! ~5.3 B a page (RFC 0001, sessions 7 and 13).
+//! ~5.3 B a page (RFC 0001, "Outcome").
 //!
 //! The scheme is bucketized cuckoo hashing. Buckets are groups of eight: eight control
 //! bytes (the hash's low 7 bits and a FULL bit, or zero when empty), probed as one `u64`
@@ -44,9 +44,9 @@ const HI: u64 = 0x8080_8080_8080_8080;
 const ONES: u64 = 0x0101_0101_0101_0101;
 /// A table holds at most 15/16 of its slots. Two groups of eight make room for an id
 /// by moving others up to a load of about 98 %; at 15/16 an insert into a full table
-/// that keeps replacing its ids moves 1.25 ids on average (0.41 at 7/8, the load until
-/// session 13), each move one hash the caller computes, and it saves 0.38 B a page in
-/// each of the index and the dedup table (RFC 0001, "Session 13").
+/// that keeps replacing its ids moves 1.25 ids on average (0.41 at 7/8), each move one
+/// hash the caller computes, and against 7/8 it saves 0.38 B a page in each of the index
+/// and the dedup table (RFC 0001, "Outcome").
 const LOAD_NUM: usize = 15;
 const LOAD_DEN: usize = 16;
 /// The fewest groups of an allocated table.
@@ -176,8 +176,8 @@ impl Layout for Folded {
     #[inline(always)]
     fn ctrl_word(&self, g: usize) -> u64 {
         // Gathers the eight top bytes. A miss probes two groups, so it costs a few ns more
-        // than with separate control bytes (39 → 53 ns against session 12's build, with
-        // the portable gather).
+        // than with separate control bytes (53 ns against 39 ns, measured with the
+        // portable gather).
         let words = self.words[g * GROUP..].first_chunk::<GROUP>().expect("a whole group");
         gather_top_bytes(words)
     }
@@ -207,7 +207,7 @@ impl Layout for Folded {
 /// On x86-64, SSE2 (always there): two loads, two shifts and two packs, ~7 instructions
 /// where the portable form takes ~40; a put to a dedup pool probes a folded group about six
 /// times (the index, the dedup table), ~300 instructions of its ~7,700 (RFC 0001,
-/// "Session 14").
+/// "Outcome").
 #[inline(always)]
 fn gather_top_bytes(words: &[u32; GROUP]) -> u64 {
     #[cfg(target_arch = "x86_64")]
@@ -673,7 +673,7 @@ mod tests {
         if collide {
             u64::from(id % 3)
         } else {
-            crate::shard::mix64(u64::from(id))
+            crate::hashing::mix64(u64::from(id))
         }
     }
 

@@ -44,20 +44,21 @@ mod dense;
 mod engine;
 mod engine_async;
 pub mod eviction;
+mod hashing;
 mod id_table;
 mod pools;
+#[cfg(feature = "research-policies")]
 mod prehashed;
 mod shard;
 mod stats;
 mod store;
 mod summary;
-mod sweep;
 mod zeroed;
 
 pub use arena::{FRAMES_PER_SEGMENT, SEGMENT_BYTES};
 pub use config::{ConfigError, EngineBuilder, EngineConfig, MAX_BUDGET_BYTES, MIN_SHARD_PAGES};
 pub use engine::Engine;
 pub use shard::MAX_PAGES as MAX_SHARD_PAGES;
+pub use stats::SweepReport;
 pub use stats::{BudgetReport, EngineStats, MemoryUsage, PoolStats};
 pub use store::ShrinkReport;
-pub use sweep::SweepReport;

@@ -197,3 +197,20 @@ impl MemoryUsage {
             .saturating_sub(self.budget_bytes / PAGE_SIZE)
     }
 }
+
+/// What a sweep did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    /// Index entries removed: pages whose bytes had been dropped.
+    pub entries_removed: usize,
+    /// The longest hold of a shard's lock.
+    pub longest_hold: Duration,
+    /// Steps that took the store's write lock (to release contents), every get's wait.
+    pub store_holds: usize,
+    /// Their time with the store's write lock held, in all.
+    pub store_held: Duration,
+    /// The longest of those holds.
+    pub longest_store_hold: Duration,
+    /// The sweep's whole time.
+    pub elapsed: Duration,
+}

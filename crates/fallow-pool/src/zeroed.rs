@@ -6,7 +6,7 @@
 //! to the size of each such array freed (up to 32 MiB), so the next arrays come from the
 //! heap, where a freed block stays resident unless it sits at the heap's top. The memory
 //! bench measured it: the tables' doublings left ~2–4 B a page of resident memory that no
-//! table held (RFC 0001, "Session 10"). A mapping of our own goes back with `munmap` when
+//! table held (RFC 0001, "Outcome"). A mapping of our own goes back with `munmap` when
 //! dropped, and, like `calloc`'s memory, is zero and not resident until written.
 
 use std::ops::{Deref, DerefMut};

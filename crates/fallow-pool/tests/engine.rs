@@ -6,7 +6,7 @@ use fallow_core::{
 };
 use fallow_pool::{Engine, EngineBuilder, FRAMES_PER_SEGMENT, SEGMENT_BYTES};
 
-mod support;
+use fallow_testkit::pages as support;
 
 fn engine(budget_pages: usize) -> Engine {
     Engine::new(
@@ -288,7 +288,7 @@ fn full_of_unique_pages(segments: usize) -> (Engine, fallow_core::PoolId, u64) {
 /// Issue #2: the pages a shrink dropped left their index entries behind until each was read
 /// again, so the stats still counted them (and their metadata stayed) after a give-back.
 #[test]
-fn issue_2_a_shrink_removes_the_index_entries_of_the_pages_it_dropped() {
+fn a_shrink_removes_the_index_entries_of_the_pages_it_dropped() {
     let seg_pages = SEGMENT_BYTES / PAGE_SIZE;
     let (e, pool, n) = full_of_unique_pages(8);
     let report = e.set_budget(2 * SEGMENT_BYTES);
@@ -412,7 +412,7 @@ fn replay(e: &Engine, pool: fallow_core::PoolId, keys: impl Iterator<Item = u64>
 }
 
 #[test]
-fn issue_2_every_shard_follows_one_share_learned_from_the_whole_workload() {
+fn every_shard_follows_one_share_learned_from_the_whole_workload() {
     // Four shards of a 512-page engine share one set of simulations. A zigzag over three
     // times the cache is served best by LRU. Then a hot set of 200 pages, read three times
     // in a row between scans of 400 new pages: LRU loses the hot set to every scan, S3-FIFO
@@ -438,12 +438,11 @@ fn issue_2_every_shard_follows_one_share_learned_from_the_whole_workload() {
 }
 
 #[test]
-fn issue_2_a_compressing_pool_holds_no_more_memory_than_its_budget() {
-    // Until session 10 a compressed page's frame went back to the free list still
-    // resident, and its blob counted against the budget besides: an engine that kept
-    // compressing held its mapped segments plus its blobs (RssAnon 1.61 times its budget
-    // in `examples/compression_churn`). A frame freed by compression now goes back to
-    // the OS.
+fn a_compressing_pool_holds_no_more_memory_than_its_budget() {
+    // A frame freed by compression goes back to the OS. Were it kept resident on the
+    // free list while its blob counted against the budget too, an engine that kept
+    // compressing would hold its mapped segments plus its blobs (RssAnon 1.61 times its
+    // budget, measured).
     let budget = 4 * FRAMES_PER_SEGMENT;
     let e = compressing_engine(budget);
     let pool = e.create_pool(&PoolSpec::ephemeral().compress(true)).unwrap();
@@ -488,11 +487,11 @@ fn issue_2_a_compressing_pool_holds_no_more_memory_than_its_budget() {
 }
 
 #[test]
-fn issue_2_holes_that_evicted_compressed_pages_leave_are_packed_and_charged() {
-    // Until session 11 each compressed page's bytes were a heap allocation of their own,
-    // and the budget counted only those bytes: the holes freed ones left in the heap were
-    // held but uncounted (RssAnon 1.11 times the budget in `examples/compression_churn`).
-    // Now blobs are records in slabs that the budget is charged for whole, and the
+fn holes_that_evicted_compressed_pages_leave_are_packed_and_charged() {
+    // Were each compressed page's bytes a heap allocation of their own, with the budget
+    // counting only those bytes, the holes freed ones leave in the heap would be held but
+    // uncounted (RssAnon 1.11 times the budget, measured). Blobs are records in slabs
+    // that the budget is charged for whole, and the
     // holes are packed (cleaned) by the compressor's passes and by a put that finds the
     // budget spent.
     let budget = 4 * FRAMES_PER_SEGMENT;
@@ -622,10 +621,11 @@ fn compressed_persistent_pages_over_a_lowered_budget_are_kept_and_reported() {
 }
 
 #[test]
-fn issue_2_pages_put_in_frames_that_compression_freed_cost_no_more_than_others() {
-    // Until session 10 a compressed page kept its frame's number as its id, so each page
-    // put later in that frame took a virtual id: 68 B of metadata a page instead of ~21 B
-    // here, and a map lookup on every get. Now the compressed page takes the new id.
+fn pages_put_in_frames_that_compression_freed_cost_no_more_than_others() {
+    // The compressed page takes a new (virtual) id and its frame keeps its number, so a
+    // page put later in that frame is an ordinary one: had the compressed page kept the
+    // frame's number, each such page would take a virtual id, 68 B of metadata a page
+    // instead of ~21 B here, and a map lookup on every get.
     let budget = 8192;
     let e = compressing_engine(budget);
     let pool = e.create_pool(&PoolSpec::persistent().compress(true)).unwrap();
@@ -683,14 +683,12 @@ fn metadata_per_page_at(
 }
 
 #[test]
-fn issue_2_a_page_of_a_dense_object_costs_at_most_32_bytes_of_metadata_when_persistent() {
-    // 31.4 B at this size when written (session 9), 29.9 B since a dense object's runs
-    // spread over the shards exactly (session 10); ~58 B before session 9; 22.9 B since
-    // the dedup table's slots are 4 bytes (session 14), 22.7 B in 4 shards instead of 8
-    // (session 15), 22.4 B with runs of 128 (session 16). Ephemeral pages add the eviction
-    // policy's links and state, and at this small size its simulations' fixed 49 KiB
-    // (3.1 B a page): 34.2 B in session 14, 32.8 B in 4 shards (30.2 B at 256 MiB),
-    // 32.5 B with runs of 128. The bounds keep both from growing back.
+fn a_page_of_a_dense_object_costs_at_most_32_bytes_of_metadata_when_persistent() {
+    // 22.4 B at this size: 8-byte slots, a dense object's runs spread over the shards
+    // exactly, 4-byte dedup slots, 4 shards, runs of 128 (RFC 0001, "Outcome"). Ephemeral
+    // pages add the eviction policy's links and state, and at this small size its
+    // simulations' fixed 49 KiB (3.1 B a page): 32.5 B. The bounds keep both from growing
+    // back.
     let persistent = metadata_per_page(16_384, &PoolSpec::persistent());
     let ephemeral = metadata_per_page(16_384, &PoolSpec::ephemeral());
     eprintln!(
@@ -701,10 +699,10 @@ fn issue_2_a_page_of_a_dense_object_costs_at_most_32_bytes_of_metadata_when_pers
 }
 
 #[test]
-fn issue_2_pages_scattered_over_a_volume_share_their_runs_records() {
+fn pages_scattered_over_a_volume_share_their_runs_records() {
     // A cache that holds a tenth of a volume's pages, one in each ten indexes. A run's
     // record of its key (its span, 44 B) is shared by the ~13 pages of its 128 cached here:
-    // 26.2 B a page. With runs of 64 (36 B, until session 16) by ~6: 29.1 B. A dense
+    // 26.2 B a page (runs of 64, 36-byte spans shared by ~6, would give 29.1 B). A dense
     // object's page costs 22.4 B (above).
     let tenth = |i: u64| (0, i * 10 + i % 7);
     let persistent = metadata_per_page_at(16_384, &PoolSpec::persistent(), tenth);
@@ -713,10 +711,10 @@ fn issue_2_pages_scattered_over_a_volume_share_their_runs_records() {
 }
 
 #[test]
-fn issue_2_a_page_alone_in_its_object_pays_a_whole_span_and_no_more() {
+fn a_page_alone_in_its_object_pays_a_whole_span_and_no_more() {
     // The key layout's worst case: one page per object, each with a span (44 B), a span
     // table entry and an object list head of its own. 77.4 B a page at this size with runs
-    // of 128, 69.4 B with runs of 64 (36-byte spans, until session 16); docs/semantics.md
+    // of 128 (69.4 B with runs of 64 and 36-byte spans); docs/semantics.md
     // advises numbering small items as pages of a few objects instead.
     let lone = |i: u64| (i, 0);
     let persistent = metadata_per_page_at(16_384, &PoolSpec::persistent(), lone);
@@ -757,7 +755,7 @@ fn put_zero_pages(e: &Engine, pool: fallow_core::PoolId, indexes: std::ops::Rang
 }
 
 #[test]
-fn issue_2_a_cache_filled_then_only_read_keeps_no_table_it_outgrew() {
+fn a_cache_filled_then_only_read_keeps_no_table_it_outgrew() {
     let (e, pool, n) = outgrown_index();
     let zero = vec![0u8; PAGE_SIZE];
     let before = e.stats().metadata_bytes;

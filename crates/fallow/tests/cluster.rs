@@ -84,7 +84,7 @@ fn scrape_until(addr: &str, want: &[&str]) {
         }
         let cluster: Vec<&str> = text
             .lines()
-            .filter(|l| l.starts_with("fallow_cluster") || l.starts_with("fallow_gossip"))
+            .filter(|l| l.starts_with("fallow_node_cluster") || l.starts_with("fallow_node_gossip"))
             .collect();
         assert!(start.elapsed() < Duration::from_secs(3), "want {want:?}, got {cluster:#?}");
         std::thread::sleep(Duration::from_millis(20));
@@ -139,8 +139,8 @@ fn a_killed_node_is_seen_dead_within_a_second_and_alive_after_a_restart() {
     scrape_until(
         &metrics,
         &[
-            "fallow_cluster_members{state=\"dead\"} 1",
-            "fallow_cluster_member_events{event=\"failed\"} 1",
+            "fallow_node_cluster_members{state=\"dead\"} 1",
+            "fallow_node_cluster_member_events_total{event=\"failed\"} 1",
         ],
     );
 
@@ -155,7 +155,10 @@ fn a_killed_node_is_seen_dead_within_a_second_and_alive_after_a_restart() {
     );
     scrape_until(
         &metrics,
-        &["fallow_cluster_members{state=\"alive\"} 3", "fallow_gossip_rejected_datagrams 0"],
+        &[
+            "fallow_node_cluster_members{state=\"alive\"} 3",
+            "fallow_node_gossip_rejected_datagrams_total 0",
+        ],
     );
 }
 

@@ -139,14 +139,14 @@ fn fio_verifies_through_a_cluster_while_a_node_is_killed() {
     let status = fio.wait_until(started + SCRIPT_TIMEOUT);
     let output = std::fs::read_to_string(&out).unwrap_or_default();
     let text = scrape(&metrics);
-    let pool_reads = metric(&text, "fallow_nbd_cache_pages_read", "tier=\"pool\"");
-    let errors = metric(&text, "fallow_nbd_pool_errors", "export=\"fio\"");
+    let pool_reads = metric(&text, "fallow_nbd_cache_pages_read_total", "tier=\"pool\"");
+    let errors = metric(&text, "fallow_nbd_pool_errors_total", "export=\"fio\"");
     let trusted = metric(&text, "fallow_nbd_pool_trusted", "export=\"fio\"");
     println!(
         "fio through a 3-node cluster, one SIGKILLed: {status:?} in {:?}; pages read from \
          the pool {pool_reads:?} ({:?} before the kill), pool errors {errors:?}",
         started.elapsed(),
-        metric(&before_kill, "fallow_nbd_cache_pages_read", "tier=\"pool\"")
+        metric(&before_kill, "fallow_nbd_cache_pages_read_total", "tier=\"pool\"")
     );
     assert!(
         status.is_some_and(|s| s.success()),

@@ -6,14 +6,12 @@
 //! Built with the `rados` feature only; skips when qemu-io or Ceph is not installed.
 #![cfg(feature = "rados")]
 
-#[path = "../../../tests/ceph/cluster.rs"]
-mod ceph;
 mod support;
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use ceph::CephCluster;
+use fallow_testkit::ceph::CephCluster;
 use support::{have, Daemon};
 
 /// Starts `fallow nbd` with `CEPH_CONF` naming the cluster; returns it with its export's URI.

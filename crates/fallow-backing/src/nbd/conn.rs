@@ -62,6 +62,7 @@ pub(super) struct Batch {
 impl Batch {
     /// Writes as much as the socket takes without waiting: `Ok(true)` once all is written,
     /// `Ok(false)` when the socket is full.
+    #[expect(clippy::indexing_slicing, reason = "`n` stops at the iovec array's length")]
     pub(super) fn write(&mut self, writer: &WriteHalf) -> io::Result<bool> {
         while !self.frames.is_empty() {
             let written = {
@@ -218,7 +219,7 @@ pub(super) enum Place {
 /// is sent, so a write counts as covered only if the server answered it first; a race can
 /// only make a FLUSH report a loss that did not happen, never hide one.
 #[derive(Debug, Default)]
-pub(super) struct Durability {
+pub(super) struct FlushCoverage {
     pub(super) epoch: AtomicU64,
     /// The epoch of the latest FLUSH that succeeded.
     pub(super) covered: AtomicU64,
@@ -251,7 +252,7 @@ pub(super) struct Conn {
     pub(super) state: AtomicU8,
     /// Notified when the store is dropped: the reader stops.
     pub(super) stop: Notify,
-    pub(super) durability: Arc<Durability>,
+    pub(super) durability: Arc<FlushCoverage>,
     /// The epoch a FLUSH needs to cover the writes acknowledged here (0: none).
     pub(super) unflushed: AtomicU64,
 }

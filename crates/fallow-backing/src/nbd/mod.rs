@@ -47,7 +47,7 @@
 //! `CAN_MULTI_CONN`, on any other) it would not cover the writes completed on the old one.
 //! For the same reason, when a connection closes with writes acknowledged on it that no
 //! FLUSH has covered since (the server may have lost them with its cache), the next FLUSH
-//! fails, once, after doing what it can ([`Durability`]).
+//! fails, once, after doing what it can ([`FlushCoverage`]).
 //!
 //! # Locking
 //! Per connection, `Conn::pending` (cookie → waiting request) and `Conn::outbox` (requests
@@ -81,7 +81,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{tcp, unix};
 use tokio::sync::{oneshot, Notify};
 
-use crate::{check_range, BackingStore, Capabilities, Extent};
+use crate::{check_range, BackingStore, Capabilities, Durability, Extent, Zeroing};
 
 use conn::*;
 use negotiate::*;
@@ -94,8 +94,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections opened when the server allows several and the URI does not say (`conns=N`).
 /// One: with 2 CPUs shared by fio, fallow and nbdkit, 2 or 4 connections gave no more IOPS
 /// at QD 1 or QD 16 and cost 6 to 22 % more CPU per read, fallow and nbdkit together
-/// (BENCHMARKS.md, "NBD export against nbdkit"): each one is another reader task here and
-/// more threads in the server, and requests spread over them coalesce less.
+/// (docs/benchmarks-history.md, "NBD export against nbdkit"): each one is another reader
+/// task here and more threads in the server, and requests spread over them coalesce less.
 const DEFAULT_CONNECTIONS: usize = 1;
 
 /// The most connections `conns=N` may ask for.
@@ -163,7 +163,7 @@ impl Slot {
 pub struct NbdStore {
     uri: NbdUri,
     info: ExportInfo,
-    durability: Arc<Durability>,
+    durability: Arc<FlushCoverage>,
     slots: Vec<Slot>,
     next: AtomicUsize,
     cookie: AtomicU64,
@@ -183,7 +183,7 @@ impl NbdStore {
     /// Connects to `uri` and negotiates (the first connection; others open on use).
     pub async fn connect(uri: &str) -> io::Result<NbdStore> {
         let uri = NbdUri::parse(uri)?;
-        let durability = Arc::new(Durability::default());
+        let durability = Arc::new(FlushCoverage::default());
         let (conn, info) = open(&uri, 0, &durability).await?;
         let multi = info.flags & NBD_FLAG_CAN_MULTI_CONN != 0;
         let wanted = uri.connections().unwrap_or(DEFAULT_CONNECTIONS);
@@ -192,7 +192,9 @@ impl NbdStore {
         }
         let n = if multi { wanted } else { 1 };
         let slots: Vec<Slot> = (0..n).map(|_| Slot::default()).collect();
-        *slots[0].conn.lock() = Some(conn);
+        if let Some(first) = slots.first() {
+            *first.conn.lock() = Some(conn);
+        }
         tracing::info!(uri = %uri, size = info.size, flags = format_args!("{:#x}", info.flags), connections = n, block_status = info.block_status, "upstream NBD export opened");
         let (next, cookie) = (AtomicUsize::new(0), AtomicU64::new(1));
         Ok(NbdStore { uri, info, durability, slots, next, cookie })
@@ -201,6 +203,7 @@ impl NbdStore {
     /// The next slot's connection, opened if it is not.
     async fn conn(&self) -> io::Result<Arc<Conn>> {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+        #[expect(clippy::indexing_slicing, reason = "`i` is taken modulo the slots' count")]
         let slot = &self.slots[i];
         if let Some(conn) = slot.open_conn() {
             return Ok(conn);
@@ -328,7 +331,8 @@ impl BackingStore for NbdStore {
         Ok(out.freeze())
     }
 
-    async fn write(&self, offset: u64, data: Bytes, fua: bool) -> io::Result<()> {
+    async fn write(&self, offset: u64, data: Bytes, durability: Durability) -> io::Result<()> {
+        let fua = durability == Durability::Immediate;
         check_range(offset, data.len() as u64, self.info.size)?;
         let caps = self.capabilities();
         let flags = if fua && caps.fua { NBD_CMD_FLAG_FUA } else { 0 };
@@ -372,10 +376,13 @@ impl BackingStore for NbdStore {
         Ok(())
     }
 
-    async fn write_zeroes(&self, offset: u64, len: u32, may_trim: bool) -> io::Result<()> {
+    async fn write_zeroes(&self, offset: u64, len: u32, zeroing: Zeroing) -> io::Result<()> {
         check_range(offset, len as u64, self.info.size)?;
         if self.info.flags & NBD_FLAG_SEND_WRITE_ZEROES != 0 {
-            let flags = if may_trim { 0 } else { NBD_CMD_FLAG_NO_HOLE };
+            let flags = match zeroing {
+                Zeroing::MayDeallocate => 0,
+                Zeroing::KeepAllocated => NBD_CMD_FLAG_NO_HOLE,
+            };
             self.call(Cmd::WriteZeroes, flags, offset, len, Bytes::new()).await?;
             return Ok(());
         }
@@ -383,7 +390,7 @@ impl BackingStore for NbdStore {
         let mut at = 0u64;
         while at < len as u64 {
             let n = (len as u64 - at).min(zeros.len() as u64) as usize;
-            self.write(offset + at, zeros.slice(..n), false).await?;
+            self.write(offset + at, zeros.slice(..n), Durability::AtFlush).await?;
             at += n as u64;
         }
         Ok(())

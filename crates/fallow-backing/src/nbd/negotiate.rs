@@ -7,7 +7,7 @@ use super::*;
 pub(super) async fn open(
     uri: &NbdUri,
     slot: usize,
-    durability: &Arc<Durability>,
+    durability: &Arc<FlushCoverage>,
 ) -> io::Result<(Arc<Conn>, ExportInfo)> {
     tokio::time::timeout(CONNECT_TIMEOUT, async {
         let cannot =

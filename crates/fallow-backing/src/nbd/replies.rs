@@ -92,9 +92,10 @@ impl Replies {
             Some(Place::Append) => {
                 read_append(reader, input, &mut pending.data, len as usize).await
             }
-            Some(Place::At(at)) => {
-                read_exact(reader, input, &mut pending.data[at..at + len as usize]).await
-            }
+            Some(Place::At(at)) => match pending.data.get_mut(at..at + len as usize) {
+                Some(dest) => read_exact(reader, input, dest).await,
+                None => Err(format!("data at {offset}+{len} outside its buffer")),
+            },
         };
         if let Err(why) = read {
             return self.broken(pending, why);
@@ -104,6 +105,7 @@ impl Replies {
         Ok(())
     }
 
+    #[expect(clippy::indexing_slicing, reason = "the loop first fills `input` to `len` bytes")]
     pub(super) async fn chunk(&mut self, head: ChunkHead) -> Result<(), String> {
         let len = head.length as usize;
         while self.input.len() < len {
@@ -234,6 +236,7 @@ pub(super) async fn fill(
 
 /// Appends the next `len` bytes of the stream to `data`: what `input` holds, then the
 /// socket (straight into `data` when much is left).
+#[expect(clippy::indexing_slicing, reason = "`n` is at most what `input` holds")]
 pub(super) async fn read_append(
     reader: &mut Reader,
     input: &mut BytesMut,
@@ -262,6 +265,7 @@ pub(super) async fn read_append(
 }
 
 /// Fills `dest` with the next bytes of the stream: what `input` holds, then the socket.
+#[expect(clippy::indexing_slicing, reason = "`at + n` stays within `dest` and `input`")]
 pub(super) async fn read_exact(
     reader: &mut Reader,
     input: &mut BytesMut,

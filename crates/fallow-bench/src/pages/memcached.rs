@@ -100,7 +100,7 @@ pub enum ProtocolError {
 
 /// Up to 80 bytes of `bytes`, printable.
 fn show(bytes: &[u8]) -> String {
-    let cut = &bytes[..bytes.len().min(80)];
+    let cut = bytes.get(..80).unwrap_or(bytes);
     let mut s = cut.escape_ascii().to_string();
     if cut.len() < bytes.len() {
         s.push('…');
@@ -112,7 +112,7 @@ fn show(bytes: &[u8]) -> String {
 ///
 /// `Ok(None)`: the reply is not complete yet (read more and call again).
 pub fn decode(buf: &mut BytesMut) -> Result<Option<Reply>, ProtocolError> {
-    let window = &buf[..buf.len().min(MAX_LINE + 2)];
+    let window = buf.get(..MAX_LINE + 2).unwrap_or(buf);
     let Some(lf) = window.iter().position(|&b| b == b'\n') else {
         return if window.len() >= MAX_LINE + 2 {
             Err(ProtocolError::LineTooLong)
@@ -120,8 +120,9 @@ pub fn decode(buf: &mut BytesMut) -> Result<Option<Reply>, ProtocolError> {
             Ok(None)
         };
     };
-    let Some(line) = window[..lf].strip_suffix(b"\r") else {
-        return Err(ProtocolError::BareNewline(show(&window[..lf])));
+    let (upto_lf, _) = window.split_at(lf);
+    let Some(line) = upto_lf.strip_suffix(b"\r") else {
+        return Err(ProtocolError::BareNewline(show(upto_lf)));
     };
     let reply = match line {
         b"END" => Reply::End,
@@ -186,7 +187,7 @@ fn take_value(
         buf.reserve(total - buf.len());
         return Ok(None);
     }
-    if &buf[line_len + head.data_len..total] != b"\r\n" {
+    if buf.get(line_len + head.data_len..total) != Some(b"\r\n".as_slice()) {
         return Err(ProtocolError::MissingDataTerminator);
     }
     let mut data = buf.split_to(total).freeze();
@@ -392,7 +393,8 @@ async fn read_get(
                 // Hits come in request order, misses are left out: find this key at or
                 // after the last hit.
                 let id = parse_key(&key);
-                let at = keys[next.min(keys.len())..].iter().position(|&k| Some(k) == id);
+                let rest = keys.get(next..).unwrap_or_default();
+                let at = rest.iter().position(|&k| Some(k) == id);
                 let at = at.ok_or_else(|| ProtocolError::UnrequestedKey(show(&key)))?;
                 next += at + 1;
                 hits += 1;

@@ -36,7 +36,7 @@ pub(crate) struct Stats {
 
 impl Stats {
     pub(crate) fn new(live_pages: Arc<AtomicU64>) -> Self {
-        // Constant bounds and precision that the crate accepts: this cannot fail.
+        #[expect(clippy::expect_used, reason = "constant bounds the crate accepts")]
         let hist =
             Histogram::new_with_bounds(1, MAX_LATENCY_NS, 3).expect("valid histogram bounds");
         Self {

@@ -139,6 +139,7 @@ impl Values {
 
     /// The fixed pages of [`ValueMode::Dup`] (all 16 of `dup`; none for `random`, whose
     /// checks still recognise them).
+    #[expect(clippy::indexing_slicing, reason = "pages of PAGE bytes")]
     pub(crate) fn dup_pages(mode: ValueMode) -> Arc<Vec<Box<[u8]>>> {
         let distinct = match mode {
             ValueMode::Dup { distinct } => distinct,
@@ -157,6 +158,7 @@ impl Values {
     }
 
     /// Appends the page a put of `key` stores to `out`.
+    #[expect(clippy::indexing_slicing, reason = "the base page has PAGE bytes")]
     pub(crate) fn write(&mut self, key: u64, out: &mut impl BufMut) {
         match self.mode {
             ValueMode::Random => {

@@ -265,12 +265,12 @@ impl ClusterClient {
             }
             let live: Vec<_> = view.nodes.iter().filter(|n| n.state != MemberState::Dead).collect();
             match (spec.kind, spec.sharing) {
-                (PoolKind::Persistent, Sharing::Shared { .. }) if live.len() != 1 => {
-                    return Err(ClusterError::PersistentNeedsOneNode { nodes: live.len() });
-                }
-                (PoolKind::Persistent, Sharing::Shared { .. }) => {
-                    (vec![live[0].link.clone()], Some(live[0].link.slot))
-                }
+                (PoolKind::Persistent, Sharing::Shared { .. }) => match live.as_slice() {
+                    [only] => (vec![only.link.clone()], Some(only.link.slot)),
+                    _ => {
+                        return Err(ClusterError::PersistentNeedsOneNode { nodes: live.len() });
+                    }
+                },
                 _ => (
                     view.nodes.iter().filter(|n| n.usable()).map(|n| n.link.clone()).collect(),
                     None,

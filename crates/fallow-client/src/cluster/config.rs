@@ -63,7 +63,9 @@ impl ClusterClientConfig {
             .connect_timeout(Duration::from_millis(250))
             .slow_timeout(Duration::from_secs(5))
             .on_restart(NodeRestart::Refuse);
-        per_node.endpoint = seeds[0].clone();
+        if let Some(first) = seeds.first() {
+            per_node.endpoint = first.clone();
+        }
         Ok(Self {
             seeds,
             per_node,

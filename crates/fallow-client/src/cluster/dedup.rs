@@ -21,6 +21,11 @@
 //! the key empty, and the page follows at once. Summaries are fetched on a connection of
 //! their own, so a megabyte of filter never queues behind (or ahead of) page requests.
 
+#![expect(
+    clippy::indexing_slicing,
+    reason = "positions of the caller's keys, and the pages laid out for them, computed here"
+)]
+
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};

@@ -15,6 +15,11 @@
 //! shared persistent pool's failures are the caller's errors, as with a
 //! [`crate::Client`].
 
+#![expect(
+    clippy::indexing_slicing,
+    reason = "positions of the caller's keys, and the pages laid out for them, computed here"
+)]
+
 use std::collections::HashMap;
 use std::sync::Arc;
 

@@ -35,6 +35,11 @@
 //! entries read as absent and are dropped when next touched or when their table is
 //! rebuilt, and the slot is handed out again only once no entry names it.
 
+#![expect(
+    clippy::indexing_slicing,
+    reason = "cells and slots are found by the table's own probing and slot numbers"
+)]
+
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 

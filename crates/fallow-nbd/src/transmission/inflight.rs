@@ -91,6 +91,7 @@ impl<F: Future> InFlight<F> {
     ///
     /// # Panics
     /// When full: the caller checks [`is_full`](Self::is_full) first.
+    #[expect(clippy::indexing_slicing, reason = "free slot numbers are below `SLOTS`")]
     pub fn push(&mut self, future: F) {
         assert!(!self.is_full(), "more than {SLOTS} requests in flight");
         let i = match self.free.pop() {

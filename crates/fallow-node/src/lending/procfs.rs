@@ -169,15 +169,15 @@ pub fn parse_auxv_page_size(bytes: &[u8]) -> Option<u64> {
     const AT_NULL: u64 = 0;
     const AT_PAGESZ: u64 = 6;
     const WORD: usize = std::mem::size_of::<usize>();
-    let word = |w: &[u8]| -> u64 {
-        let mut buf = [0u8; WORD];
-        buf.copy_from_slice(w);
-        usize::from_ne_bytes(buf) as u64
-    };
+    let word = |w: &[u8; WORD]| usize::from_ne_bytes(*w) as u64;
     for pair in bytes.chunks_exact(2 * WORD) {
-        match word(&pair[..WORD]) {
+        let (Some(key), Some(value)) = (pair.first_chunk::<WORD>(), pair.last_chunk::<WORD>())
+        else {
+            return None;
+        };
+        match word(key) {
             AT_NULL => return None,
-            AT_PAGESZ => return Some(word(&pair[WORD..])).filter(|&size| size > 0),
+            AT_PAGESZ => return Some(word(value)).filter(|&size| size > 0),
             _ => {}
         }
     }
@@ -224,17 +224,18 @@ fn unescape(s: &str) -> String {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
-    while i < bytes.len() {
-        let escape = bytes.get(i + 1..i + 4).filter(|d| {
-            bytes[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)) && d[0] <= b'3'
-        });
+    while let Some(&byte) = bytes.get(i) {
+        let escape =
+            bytes.get(i + 1..i + 4).and_then(|d| <&[u8; 3]>::try_from(d).ok()).filter(|d| {
+                byte == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)) && d[0] <= b'3'
+            });
         match escape {
-            Some(d) => {
-                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
+            Some(&[a, b, c]) => {
+                out.push((a - b'0') * 64 + (b - b'0') * 8 + (c - b'0'));
                 i += 4;
             }
             None => {
-                out.push(bytes[i]);
+                out.push(byte);
                 i += 1;
             }
         }

@@ -3,11 +3,12 @@
 
 use fallow_core::{check_page, Lookup, PageKey, PoolId, StoreError, PAGE_SIZE};
 
-use super::Inner;
+use super::{Inner, OnHit};
 use crate::content::{checksum, write_fill};
 use crate::eviction::SlotId;
+use crate::hashing::key_hash;
 use crate::pools::{self, Counter, PoolState};
-use crate::shard::{key_hash, Shard, Value};
+use crate::shard::{Shard, Value};
 use crate::store::{Located, Read};
 
 /// What a get or take found under its shard lock.
@@ -25,7 +26,7 @@ impl Inner {
         &self,
         key: PageKey,
         out: &mut [u8],
-        remove: bool,
+        on_hit: OnHit,
     ) -> Result<Lookup, StoreError> {
         check_page(out.len())?;
         let pools = self.pool_snapshot.load();
@@ -33,7 +34,7 @@ impl Inner {
         let hash = key_hash(&key);
         let found = {
             let mut shard = self.shards[self.shard_of(&key)].lock();
-            self.read_locked(&mut shard, pool, key, hash, out, remove)
+            self.read_locked(&mut shard, pool, key, hash, out, on_hit)
         };
         let found = self.check_copy(found, pool, key, hash, out);
         pool.counters.bump(if found.is_hit() { Counter::Hits } else { Counter::Misses });
@@ -51,7 +52,7 @@ impl Inner {
         key: PageKey,
         hash: u64,
         out: &mut [u8],
-        remove: bool,
+        on_hit: OnHit,
     ) -> Copied {
         let Some((id, slot)) = shard.lookup(&key, hash) else { return Copied::Miss };
         let copied = match slot.value {
@@ -74,7 +75,7 @@ impl Inner {
                         return Copied::Miss;
                     }
                 };
-                if !remove {
+                if on_hit == OnHit::Keep {
                     Copied::Unchecked(crc)
                 } else if checksum(out) == crc {
                     Copied::Hit
@@ -89,7 +90,7 @@ impl Inner {
                 }
             }
         };
-        if remove {
+        if on_hit == OnHit::Remove {
             let slot = shard.remove(id);
             self.release(&mut self.store.write(), &slot, Some(&pool.counters));
             pool.counters.bump(Counter::Invalidations);
@@ -151,7 +152,7 @@ impl Inner {
         &self,
         keys: &[PageKey],
         out: &mut [u8],
-        remove: bool,
+        on_hit: OnHit,
     ) -> Result<Vec<Lookup>, StoreError> {
         let snapshot = self.pool_snapshot.load();
         let mut pools: Vec<(PoolId, &PoolState)> = Vec::new();
@@ -174,7 +175,7 @@ impl Inner {
             let mut shard = self.shards[group[0].0].lock();
             for &(_, hash, i) in group {
                 let pool = pool_of(&keys[i]);
-                copied.push(self.read_locked(&mut shard, pool, keys[i], hash, pages[i], remove));
+                copied.push(self.read_locked(&mut shard, pool, keys[i], hash, pages[i], on_hit));
             }
             drop(shard);
             // Checked with the shard let go, as a single get does.

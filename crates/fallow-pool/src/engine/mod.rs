@@ -28,11 +28,12 @@ use fallow_core::{
 use crate::compress::Compressor;
 use crate::config::{EngineConfig, MAX_BUDGET_BYTES};
 use crate::eviction;
+use crate::hashing::key_hash;
 use crate::pools::{self, Counter, PoolCounters, PoolSnapshot, PoolState, PoolTable};
-use crate::shard::{key_hash, Shard, Slot, Value, Visit};
+use crate::shard::{Shard, Slot, Value, Visit};
+use crate::stats::SweepReport;
 use crate::stats::{BudgetReport, EngineStats, MemoryUsage, PoolStats};
 use crate::store::{Compression, ShrinkReport, Store};
-use crate::sweep::{SweepReport, SweepState};
 
 /// Slabs of compressed pages a compression pass packs at most (`Store::clean_blobs`).
 const CLEAN_PER_PASS: usize = 2;
@@ -40,7 +41,7 @@ const CLEAN_PER_PASS: usize = 2;
 /// wake ([`Engine::finish_growth`]): 256 groups of 8 ids, ~2,000 hashes recomputed under
 /// one shard's lock. The index of a shard of 1 GiB (~35,000 groups) finishes in under 14 s
 /// of 100 ms wakes, if no insert helps.
-pub(crate) const TIDY_GROUPS: usize = 256;
+const TIDY_GROUPS: usize = 256;
 
 /// Segments released per store-lock hold when shrinking: one extent, so that a step
 /// usually empties one mapping (one `munmap`, after the lock). Bounds how long a get can
@@ -48,8 +49,26 @@ pub(crate) const TIDY_GROUPS: usize = 256;
 /// persistent pages it moves.
 const SHRINK_STEP_SEGMENTS: usize = crate::arena::EXTENT_SEGMENTS;
 
+/// Whether a sweep (`sweep.rs`) is wanted and whether one is running.
+#[derive(Debug, Default)]
+pub(crate) struct SweepState {
+    requested: std::sync::atomic::AtomicBool,
+    running: std::sync::atomic::AtomicBool,
+}
+
 mod get;
 mod put;
+mod sweep;
+
+/// What a read does with a page it finds: a tmem get leaves it in the pool (inclusive), a
+/// take removes it (exclusive).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OnHit {
+    /// Get: the page stays.
+    Keep,
+    /// Take: the page leaves the pool.
+    Remove,
+}
 
 /// The in-process page pool. Cheap to share: clone the `Arc` it lives in.
 pub struct Engine {
@@ -64,7 +83,7 @@ pub(crate) struct Inner {
     pub(crate) pools: RwLock<PoolTable>,
     /// The live pools as of the last change of `pools`, published under its write lock.
     pub(crate) pool_snapshot: PoolSnapshot,
-    /// Index shards, chosen by the key's run of 128 indexes (`shard::shard_of`).
+    /// Index shards, chosen by the key's run of 128 indexes (`hashing::shard_of`).
     /// `parking_lot` mutexes: each is held for one index operation (with a get's copy of
     /// its page) and never across blocking work; all of them by a shrink step and a
     /// compression pass.
@@ -120,10 +139,13 @@ impl Engine {
             sweep: SweepState::default(),
             config,
         });
-        let compressor = inner
-            .config
-            .compress_interval
-            .map(|every| Compressor::start(inner.clone(), every, inner.config.compress_batch));
+        let compressor = inner.config.compress_interval.map(|every| {
+            let inner = inner.clone();
+            Compressor::start(every, move || {
+                inner.tidy_pass(TIDY_GROUPS);
+                inner.compress_pass(inner.config.compress_batch)
+            })
+        });
         tracing::info!(
             budget_bytes = inner.config.budget_bytes,
             shards = inner.config.shards,
@@ -296,7 +318,7 @@ impl Inner {
     }
 
     fn shard_of(&self, key: &PageKey) -> usize {
-        crate::shard::shard_of(key, self.shards.len())
+        crate::hashing::shard_of(key, self.shards.len())
     }
 
     /// Every shard's lock, in ascending order. Taken, before the store's write lock, by
@@ -494,11 +516,11 @@ impl PageStore for Engine {
     }
 
     fn get(&self, key: PageKey, out: &mut [u8]) -> Result<Lookup, StoreError> {
-        self.inner.get(key, out, false)
+        self.inner.get(key, out, OnHit::Keep)
     }
 
     fn take(&self, key: PageKey, out: &mut [u8]) -> Result<Lookup, StoreError> {
-        self.inner.get(key, out, true)
+        self.inner.get(key, out, OnHit::Remove)
     }
 
     fn invalidate_page(&self, key: PageKey) -> Result<(), StoreError> {
@@ -521,12 +543,12 @@ impl PageStore for Engine {
 
     fn get_many(&self, keys: &[PageKey], out: &mut [u8]) -> Result<Vec<Lookup>, StoreError> {
         check_batch(keys.len(), out.len())?;
-        self.inner.read_many(keys, out, false)
+        self.inner.read_many(keys, out, OnHit::Keep)
     }
 
     fn take_many(&self, keys: &[PageKey], out: &mut [u8]) -> Result<Vec<Lookup>, StoreError> {
         check_batch(keys.len(), out.len())?;
-        self.inner.read_many(keys, out, true)
+        self.inner.read_many(keys, out, OnHit::Remove)
     }
 }
 
@@ -579,7 +601,7 @@ mod tests {
         let mut strided = [0; 8];
         for i in 0..800 {
             objects[shard_of(i, 0)] += 1;
-            hashed[shard_of(crate::shard::mix64(i), 0)] += 1;
+            hashed[shard_of(crate::hashing::mix64(i), 0)] += 1;
             runs[shard_of(0, i * run)] += 1;
             strided[shard_of(0, i * 8 * run)] += 1;
             assert_eq!(shard_of(i, i * run), shard_of(i, i * run + run - 1), "one run, one shard");

@@ -15,8 +15,9 @@ use fallow_core::{
 use super::Inner;
 use crate::arena::ArenaFull;
 use crate::content::{fill_word, Digest};
+use crate::hashing::key_hash;
 use crate::pools::{self, Counter, PoolMap, PoolState};
-use crate::shard::{key_hash, Shard, Slot, Value};
+use crate::shard::{Shard, Slot, Value};
 use crate::store::{InternOptions, Interned, Store};
 
 /// Why a put under the shard lock could not finish.

@@ -32,25 +32,9 @@
 //! sampled share. Memory: the experts' per-page state added up, plus the simulations
 //! (bounded by `SIM_PAGES` pages each).
 
+use super::mini_sim::{MiniSim, DECAY, MIN_EPOCH, SIM_PAGES};
 use super::{Eviction, Lirs, Lru, S3Fifo, SlotId};
-use crate::id_table::{Folded, IdTable};
 
-/// Pages in each miniature simulation when the cache is larger: enough for a stable miss
-/// ratio (Waldspurger et al. found a few hundred to a few thousand sampled pages adequate).
-/// 512 until session 13: under `s3fifo-lean`'s rule of following only a consistent lead,
-/// more samples decide sooner, and on the shared traces (seeds 0–3) 1024 pages fail
-/// criterion 1 on 2–3 rows instead of 4–5 (2048: 1–2), criterion 3 on 8 instead of 8–9,
-/// with the same mean. Each doubling costs ~25 KiB an engine (since session 14), 0.4 B a
-/// page at 256 MiB (RFC 0001, "Session 13" and "Session 14").
-pub(super) const SIM_PAGES: usize = 1024;
-/// The first epoch is `MIN_EPOCH` sampled accesses; each next one is twice as long, up to
-/// a simulated cache's worth, so an obvious winner takes over early while later decisions
-/// rest on a whole turnover of the cache.
-pub(super) const MIN_EPOCH: usize = 64;
-/// Weight of the past when scoring: a score is ≈ the misses of the last hundred epochs
-/// (more epochs than most traces last: the scores are nearly cumulative, and forget only
-/// in an engine that runs for long).
-pub(super) const DECAY: f64 = 0.99;
 /// A challenger leads only if its simulated miss ratio (decayed like the scores) is this
 /// much below the leader's, doubled for every earlier change of leader: near-ties never
 /// make the leader flap, and a workload that keeps changing its mind stops moving it.
@@ -70,119 +54,9 @@ fn expert(name: &str, capacity: usize) -> Box<dyn Eviction> {
     }
 }
 
-/// A small cache run by one policy on the sampled accesses, to count its misses (also
-/// used by `s3fifo_lean.rs`, whose simulations differ in a parameter, not a policy).
-pub(super) struct MiniSim {
-    policy: Box<dyn Eviction>,
-    /// Its pages' slot ids by key hash: 4 bytes a slot at a load of 15/16 (a `HashMap` of
-    /// hash and id took ~34 bytes a page, half the simulations' memory).
-    slot_of: IdTable<Folded>,
-    /// Each slot's key, folded to 32 bits ([`sim_key`]).
-    key_of: Vec<u32>,
-    free: Vec<SlotId>,
-    capacity: usize,
-    epoch_misses: u64,
-    score: f64,
-}
-
-impl MiniSim {
-    fn new(name: &str, capacity: usize) -> Self {
-        Self::with_policy(expert(name, capacity), capacity)
-    }
-
-    /// A simulated cache of `capacity` pages run by `policy`.
-    pub(super) fn with_policy(policy: Box<dyn Eviction>, capacity: usize) -> Self {
-        let mut slot_of = IdTable::default();
-        slot_of.expect(capacity + 1);
-        Self {
-            policy,
-            slot_of,
-            key_of: Vec::with_capacity(capacity + 1),
-            free: Vec::new(),
-            capacity,
-            epoch_misses: 0,
-            score: 0.0,
-        }
-    }
-
-    /// One sampled access: a hit touches, a miss is counted and inserted.
-    pub(super) fn access(&mut self, hash: u64) {
-        let key = sim_key(hash);
-        // The simulation knows its pages by their 32-bit keys, and hands the policy (its
-        // ghost) the same remix of them that its map uses, so that an evicted page's hash
-        // is known without keeping 64 bits a page.
-        let hash = key_hash(key);
-        let key_of = &self.key_of;
-        if let Some(id) = self.slot_of.find(hash, |id| key_of[id as usize] == key) {
-            self.policy.touch(id, hash);
-            return;
-        }
-        self.epoch_misses += 1;
-        if self.slot_of.len() >= self.capacity {
-            if let Some(victim) = self.policy.pop_victim() {
-                let gone = key_hash(self.key_of[victim as usize]);
-                self.policy.evicted(gone);
-                self.slot_of.remove(gone, |id| id == victim);
-                self.free.push(victim);
-            }
-        }
-        let id = match self.free.pop() {
-            Some(id) => {
-                self.key_of[id as usize] = key;
-                id
-            }
-            None => {
-                self.key_of.push(key);
-                (self.key_of.len() - 1) as SlotId
-            }
-        };
-        let key_of = &self.key_of;
-        self.slot_of.insert_unique(hash, id, |x| key_hash(key_of[x as usize]));
-        self.policy.insert(id, hash);
-    }
-
-    /// Folds this epoch's misses into the decayed score.
-    pub(super) fn end_epoch(&mut self) {
-        self.score = self.score * DECAY + self.epoch_misses as f64;
-        self.epoch_misses = 0;
-    }
-
-    /// Misses in the epoch under way (folded into the score by `end_epoch`).
-    pub(super) fn epoch_misses(&self) -> u64 {
-        self.epoch_misses
-    }
-
-    /// Decayed misses so far (lower is better).
-    pub(super) fn score(&self) -> f64 {
-        self.score
-    }
-
-    /// Checks the simulated policy and that its map agrees with it.
-    pub(super) fn validate(&self) {
-        self.policy.validate();
-        assert_eq!(self.policy.len(), self.slot_of.len(), "simulation lost track of its pages");
-        assert!(self.slot_of.len() <= self.capacity, "simulation over its capacity");
-        self.slot_of.validate(|id| key_hash(self.key_of[id as usize]));
-    }
-
-    pub(super) fn heap_bytes(&self) -> usize {
-        self.policy.heap_bytes()
-            + self.slot_of.heap_bytes()
-            + self.key_of.capacity() * 4
-            + self.free.capacity() * 4
-    }
-}
-
-/// A sampled key's 64-bit hash folded to the 32 bits a simulation keeps of it: two keys
-/// of one simulation's ~1000 pages share them once in ~4 million (a hit counted that was
-/// a miss), and a 64-bit hash a page would cost ~12 KiB an engine more.
-fn sim_key(hash: u64) -> u32 {
-    (hash ^ (hash >> 32)) as u32
-}
-
-/// The hash a simulation files its key under, and hands its policy.
-fn key_hash(key: u32) -> u64 {
-    crate::shard::mix64(u64::from(key))
+/// A simulation of the expert `name`.
+fn sim(name: &str, capacity: usize) -> MiniSim {
+    MiniSim::with_policy(expert(name, capacity), capacity)
 }
 
 /// Experts led by whichever miniature simulation misses least.
@@ -228,7 +102,7 @@ impl Adaptive {
 
     /// Each expert's decayed miss score in its miniature simulation (lower is better).
     pub fn scores(&self) -> Vec<(&'static str, f64)> {
-        self.sims.iter().map(|s| (s.policy.name(), s.score)).collect()
+        self.sims.iter().map(|s| (s.policy_name(), s.score())).collect()
     }
 
     /// How many times the leader changed.
@@ -241,7 +115,7 @@ impl Adaptive {
         let rate = (SIM_PAGES as f64 / self.capacity as f64).min(1.0);
         self.threshold = (rate * (1u64 << 32) as f64) as u64;
         let sim_capacity = ((self.capacity as f64 * rate).round() as usize).max(1);
-        self.sims = EXPERTS.iter().map(|n| MiniSim::new(n, sim_capacity)).collect();
+        self.sims = EXPERTS.iter().map(|n| sim(n, sim_capacity)).collect();
         self.epoch_len = MIN_EPOCH;
         self.max_epoch_len = sim_capacity.max(MIN_EPOCH);
         self.epoch_accesses = 0;
@@ -265,9 +139,9 @@ impl Adaptive {
             self.weight = self.weight * DECAY + self.epoch_len as f64;
             self.epoch_len = (self.epoch_len * 2).min(self.max_epoch_len);
             let best = (0..self.sims.len())
-                .min_by(|&a, &b| self.sims[a].score.total_cmp(&self.sims[b].score))
+                .min_by(|&a, &b| self.sims[a].score().total_cmp(&self.sims[b].score()))
                 .unwrap_or(self.leader);
-            let (lead, challenger) = (self.sims[self.leader].score, self.sims[best].score);
+            let (lead, challenger) = (self.sims[self.leader].score(), self.sims[best].score());
             let gain = (lead - challenger) / self.weight;
             // Miss counts are noisy (early epochs above all): the difference must also stand
             // two standard deviations clear of chance, treating both as Poisson counts.
@@ -341,26 +215,6 @@ impl Eviction for Adaptive {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_simulation_fed_a_sample_keeps_its_key_map_at_its_size() {
-        // A sample is the keys whose remixed high bits are small (`sampled`): 1 in 64 here.
-        // Filed under those same hashes, they all had their first group among the table's
-        // first few, and the map grew to twice its size (session 14).
-        let hashes = (0u64..).map(|k| xxhash_rust::xxh3::xxh3_64(&k.to_le_bytes()));
-        let sampled = hashes.filter(|h| (h.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) < 1 << 26);
-        let mut sim = MiniSim::new("lru", 1024);
-        for hash in sampled.take(20_000) {
-            sim.access(hash);
-        }
-        sim.validate();
-        let mut expected = IdTable::<Folded>::default();
-        expected.expect(1025);
-        for id in 0..1024 {
-            expected.insert_unique(key_hash(id), id, key_hash);
-        }
-        assert_eq!(sim.slot_of.heap_bytes(), expected.heap_bytes());
-    }
 
     fn run(policy: &mut Adaptive, trace: impl Iterator<Item = u64>, capacity: usize) -> f64 {
         let mut slot_of = std::collections::HashMap::new();

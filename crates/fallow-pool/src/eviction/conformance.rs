@@ -7,8 +7,9 @@ use std::collections::HashSet;
 
 use proptest::prelude::*;
 
-use super::{by_name, Eviction, Lru, S3Fifo, SlotId, WTinyLfu, POLICY_NAMES};
-use super::{Adaptive, Lirs, S3FifoLean};
+use super::{by_name, Eviction, Lru, S3FifoLean, SlotId, POLICY_NAMES};
+#[cfg(feature = "research-policies")]
+use super::{Adaptive, Lirs, S3Fifo, WTinyLfu};
 
 /// How the suite builds a policy for a cache of `capacity` pages.
 trait Build: Eviction + Sized {
@@ -23,18 +24,21 @@ impl Build for Lru {
     }
 }
 
+#[cfg(feature = "research-policies")]
 impl Build for S3Fifo {
     fn build(capacity: usize) -> Self {
         S3Fifo::new(capacity)
     }
 }
 
+#[cfg(feature = "research-policies")]
 impl Build for WTinyLfu {
     fn build(capacity: usize) -> Self {
         WTinyLfu::new(capacity)
     }
 }
 
+#[cfg(feature = "research-policies")]
 impl Build for Adaptive {
     fn build(capacity: usize) -> Self {
         Adaptive::new(capacity)
@@ -47,6 +51,7 @@ impl Build for S3FifoLean {
     }
 }
 
+#[cfg(feature = "research-policies")]
 impl Build for Lirs {
     fn build(capacity: usize) -> Self {
         Lirs::new(capacity)
@@ -301,14 +306,14 @@ macro_rules! conformance_suite {
     )+};
 }
 
-conformance_suite!(
-    lru: Lru,
-    s3fifo: S3Fifo,
-    wtinylfu: WTinyLfu,
-    lirs: Lirs,
-    adaptive: Adaptive,
-    s3fifo_lean: S3FifoLean
-);
+conformance_suite!(lru: Lru, s3fifo_lean: S3FifoLean);
+
+#[cfg(feature = "research-policies")]
+mod research {
+    use super::*;
+
+    conformance_suite!(s3fifo: S3Fifo, wtinylfu: WTinyLfu, lirs: Lirs, adaptive: Adaptive);
+}
 
 macro_rules! scan_resistance {
     ($($name:ident: $policy:ty),+ $(,)?) => {$(
@@ -322,13 +327,9 @@ macro_rules! scan_resistance {
 mod scan_resistance {
     use super::*;
 
-    scan_resistance!(
-        s3fifo: S3Fifo,
-        wtinylfu: WTinyLfu,
-        lirs: Lirs,
-        adaptive: Adaptive,
-        s3fifo_lean: S3FifoLean
-    );
+    scan_resistance!(s3fifo_lean: S3FifoLean);
+    #[cfg(feature = "research-policies")]
+    scan_resistance!(s3fifo: S3Fifo, wtinylfu: WTinyLfu, lirs: Lirs, adaptive: Adaptive);
 }
 
 #[test]

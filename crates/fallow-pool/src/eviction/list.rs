@@ -76,7 +76,9 @@ impl LinkPair for Narrow {
 }
 
 /// Two `u32` ids: for lists of more than 2²⁴ nodes (LIRS keeps up to three nodes a page).
+/// Only the research policies use them.
 #[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "research-policies"), allow(dead_code))]
 pub(crate) struct Wide([u32; 2]);
 
 impl LinkPair for Wide {

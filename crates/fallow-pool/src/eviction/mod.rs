@@ -79,32 +79,51 @@ pub trait Eviction: Send + 'static {
     fn validate(&self);
 }
 
-mod adaptive;
-mod ghost;
-mod lirs;
+// The product: the default policy, its parts, and LRU, the reference.
+mod fixed_share;
 pub(crate) mod list;
 mod lru;
-mod s3fifo;
+mod mini_sim;
 mod s3fifo_lean;
 mod s3fifo_queues;
 mod share_chooser;
+
+// Research policies, compared with the default on the shared traces (`fallow trace`, the
+// conformance suite): behind the cargo feature `research-policies`, which the `fallow`
+// binary turns on for `fallow trace`; a pool can use them only in such a build.
+#[cfg(feature = "research-policies")]
+mod adaptive;
+#[cfg(feature = "research-policies")]
+mod ghost;
+#[cfg(feature = "research-policies")]
+mod lirs;
+#[cfg(feature = "research-policies")]
+mod s3fifo;
+#[cfg(feature = "research-policies")]
 mod sketch;
+#[cfg(feature = "research-policies")]
 mod wtinylfu;
 
 #[cfg(test)]
 mod conformance;
 
+#[cfg(feature = "research-policies")]
 pub use adaptive::Adaptive;
+#[cfg(feature = "research-policies")]
 pub use lirs::Lirs;
 pub use lru::Lru;
+#[cfg(feature = "research-policies")]
 pub use s3fifo::S3Fifo;
 pub use s3fifo_lean::S3FifoLean;
 pub use share_chooser::ShareChooser;
+#[cfg(feature = "research-policies")]
 pub use wtinylfu::{WTinyLfu, WindowSizing};
 
-/// Every name [`by_name`] accepts.
-/// `s3fifo-lean-1`, `-10` and `-100` are `s3fifo-lean` with its small-queue share held at
-/// 1 %, 10 % or 100 % (LRU): the policies its simulations compare.
+/// Every name [`by_name`] accepts: `s3fifo-lean` and `lru`, and in a build with the
+/// feature `research-policies` the others. `s3fifo-lean-1`, `-10` and `-100` are
+/// `s3fifo-lean` with its small-queue share held at 1 %, 10 % or 100 % (LRU): the
+/// policies its simulations compare.
+#[cfg(feature = "research-policies")]
 pub const POLICY_NAMES: &[&str] = &[
     "adaptive",
     "lru",
@@ -116,6 +135,10 @@ pub const POLICY_NAMES: &[&str] = &[
     "s3fifo-lean-10",
     "s3fifo-lean-100",
 ];
+
+/// Every name [`by_name`] accepts (a build without the feature `research-policies`).
+#[cfg(not(feature = "research-policies"))]
+pub const POLICY_NAMES: &[&str] = &["lru", "s3fifo-lean"];
 
 /// The policy a pool uses unless configured otherwise: `s3fifo-lean`, S3-FIFO in 2 bytes
 /// of state per page whose small-queue share (1 %, 10 % or 100 %, i.e. LRU) miniature
@@ -142,16 +165,27 @@ pub fn for_shards(name: &str, per_shard: usize, shards: usize) -> Option<Vec<Box
 /// name.
 pub fn by_name(name: &str, capacity: usize) -> Option<Box<dyn Eviction>> {
     let policy: Box<dyn Eviction> = match name {
-        "adaptive" => Box::new(Adaptive::new(capacity)),
         "lru" => Box::new(Lru::new()),
+        "s3fifo-lean" => Box::new(S3FifoLean::new(capacity)),
+        #[cfg(feature = "research-policies")]
+        _ => research_policy(name, capacity)?,
+        #[cfg(not(feature = "research-policies"))]
+        _ => return None,
+    };
+    Some(policy)
+}
+
+/// The research policies by name.
+#[cfg(feature = "research-policies")]
+fn research_policy(name: &str, capacity: usize) -> Option<Box<dyn Eviction>> {
+    Some(match name {
+        "adaptive" => Box::new(Adaptive::new(capacity)),
         "s3fifo" => Box::new(S3Fifo::new(capacity)),
         "wtinylfu" => Box::new(WTinyLfu::new(capacity)),
         "lirs" => Box::new(Lirs::new(capacity)),
-        "s3fifo-lean" => Box::new(S3FifoLean::new(capacity)),
         _ => {
-            let share = share_chooser::FIXED_NAMES.iter().position(|&n| n == name)?;
-            Box::new(s3fifo_lean::FixedShare::new(capacity, share_chooser::SHARES[share]))
+            let share = fixed_share::FIXED_NAMES.iter().position(|&n| n == name)?;
+            Box::new(fixed_share::FixedShare::new(capacity, fixed_share::SHARES[share]))
         }
-    };
-    Some(policy)
+    })
 }

@@ -27,23 +27,22 @@
 //! nothing; near-ties weigh alike, and three alike give the middle share, 10 %, the one
 //! the live policy starts with.
 //!
-//! Why a blend (since session 16) rather than a choice of one share: moving the live
-//! share costs the live cache a turnover that the simulations never pay, and a choice
-//! moves it a decade at once. Until session 16 the live share moved to a challenger only
-//! once its lead was consistent (t above the same hurdle), and before session 12 on the
-//! first lead, which on cloudPhysicsIO moved it to LRU on a one-miss lead at its 4th
-//! epoch. A choice had to trade late moves (the lag that lost lirs_gli) against moves on
-//! small leads (lirs_cpp at 306 pages flapped to LRU on a one-miss lead of exact
-//! simulations, lirs_multi1 at 652 on one of 6 misses). A blend moves as far as the
-//! evidence goes, and the evidence must be worth the move. On the shared traces, sample
-//! seeds 0–3 (RFC 0001, "Session 16"): criterion 1 fails on 2 rows instead of 4–5 (worst
-//! +0.008 either way), criterion 3 on 2 instead of 5–6 (worst +0.030 instead of
-//! +0.037–0.042), and the mean reduction is 11.4–11.5 % instead of 10.8–11.0 %.
+//! Why a blend rather than a choice of one share: moving the live share costs the live
+//! cache a turnover that the simulations never pay, and a choice moves it a decade at
+//! once. A choice has to trade late moves (following only a consistent lead lags, which
+//! loses lirs_gli) against moves on small leads (following the first lead moves
+//! cloudPhysicsIO to LRU on a one-miss lead at its 4th epoch; lirs_cpp at 306 pages flaps
+//! to LRU on a one-miss lead of exact simulations, lirs_multi1 at 652 on one of 6 misses).
+//! A blend moves as far as the evidence goes, and the evidence must be worth the move. On
+//! the shared traces, sample seeds 0–3 (RFC 0001, "Outcome"): criterion 1 fails on 2 rows
+//! against 4–5 for a choice on a consistent lead (worst +0.008 either way), criterion 3
+//! on 2 against 5–6 (worst +0.030 against +0.037–0.042), and the mean reduction is
+//! 11.4–11.5 % against 10.8–11.0 %.
 //!
 //! Simulations that see every access (an engine of at most `SIM_PAGES` pages) are exact
 //! copies of their shares, so there the factor √(1 − rate) is 0 and [`MIN_HURDLE`] alone
 //! sets how fast a lead is followed: short traces that want LRU from the start need it
-//! small. RFC 0001 (sessions 12 and 16) has the measurements, over several sample seeds
+//! small. RFC 0001 and its appendix have the measurements, over several sample seeds
 //! ([`SEED_VAR`]).
 //!
 //! # Locking
@@ -56,18 +55,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-use super::adaptive::{MiniSim, DECAY, MIN_EPOCH, SIM_PAGES};
-use super::s3fifo_lean::FixedShare;
-
-/// Small-queue shares the simulations compare, one decade apart around the paper's 10 %;
-/// 100 % is LRU.
-pub(super) const SHARES: [f64; 3] = [0.01, 0.10, 1.0];
-/// The policy names of each share held fixed (`by_name`): the simulations' own policies,
-/// to compare the choice with what each share alone would do.
-pub(super) const FIXED_NAMES: [&str; 3] = ["s3fifo-lean-1", "s3fifo-lean-10", "s3fifo-lean-100"];
+use super::fixed_share::{FixedShare, SHARES};
+use super::mini_sim::{MiniSim, DECAY, MIN_EPOCH, SIM_PAGES};
 /// The live policy starts with the paper's share, the blend of three simulations alike.
 /// The start matters on short traces: starting as LRU or at 1 % trades one trace goal for
-/// the other (RFC 0001, sessions 6 and 16).
+/// the other (RFC 0001, "Outcome").
 const INITIAL_SHARE: f64 = SHARES[1];
 /// How surely a simulation must trail the leader, in standard deviations of the
 /// per-epoch differences, before its share weighs little in the blend (scaled by
@@ -79,7 +71,7 @@ const LEAD_Z: f64 = 2.0;
 /// gave 2 / 4 (+0.008 / +0.039), 0.25 3 / 4 (+0.008 / +0.037), 0.35 3 / 4 (+0.012 /
 /// +0.034), 0.5 3 / 4 (+0.015 / +0.036), 1.0 5 / 4 (+0.023 / +0.031): lower hurdles suit
 /// the short traces that want LRU at once (lirs_sprite at 708 pages), higher ones those
-/// that want 1 % (lirs_multi1 at 652). RFC 0001, "Session 16".
+/// that want 1 % (lirs_multi1 at 652). RFC 0001, "Outcome".
 const MIN_HURDLE: f64 = 0.25;
 /// How many misses, as a share of a simulated cache's pages, a simulation must save over
 /// another before the other weighs little: moving the live share costs the live cache a
@@ -91,7 +83,7 @@ const MIN_HURDLE: f64 = 0.25;
 /// (0.440 against 0.407 for 1 % held). On the shared traces (seed 0; c1 / c3 rows failing,
 /// mean reduction): no such term 2 / 4, 11.2 %; 0.02 2 / 2, 11.4 %; 0.03 2 / 2, 11.5 %
 /// (seeds 1 and 2 the same); 0.04 3 / 2; 0.05 5 / 2 (the short systor17 samples then
-/// wait for LRU too long). RFC 0001, "Session 16".
+/// wait for LRU too long). RFC 0001, "Outcome".
 const MOVE_WORTH: f64 = 0.03;
 /// A trailing share whose weight is below this counts for nothing, so that a clear leader
 /// gives exactly its share (at 100 %, exactly LRU).

@@ -28,7 +28,7 @@ pub struct Fills {
 
 /// A well-mixed hash of a fill word.
 fn word_hash(word: u64) -> u64 {
-    super::mix64(word.wrapping_add(0x9E37_79B9_7F4A_7C15))
+    crate::hashing::mix64(word.wrapping_add(0x9E37_79B9_7F4A_7C15))
 }
 
 impl Fills {

@@ -29,6 +29,7 @@ mod spans;
 use fallow_core::{ObjectId, PageKey, PoolId};
 
 use crate::eviction::{Eviction, SlotId};
+use crate::hashing::key_hash;
 use crate::id_table::{Folded, IdTable};
 use crate::store::ContentId;
 use fills::Fills;
@@ -49,55 +50,6 @@ pub const MAX_PAGES: usize = {
         spans::MAX_SPANS
     }
 };
-
-/// splitmix64's finalizer: spreads a 64-bit value over all bits, for the shard's small
-/// tables (spans, fill words), which use both a hash's high bits (tags) and its low bits
-/// (buckets).
-pub(crate) fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// A well-mixed hash of a key: it feeds the index and the policy.
-pub(crate) fn key_hash(key: &PageKey) -> u64 {
-    let mut b = [0u8; 20];
-    b[..4].copy_from_slice(&key.pool.0.to_le_bytes());
-    b[4..12].copy_from_slice(&key.object.to_le_bytes());
-    b[12..].copy_from_slice(&key.index.to_le_bytes());
-    xxhash_rust::xxh3::xxh3_64(&b)
-}
-
-/// Which of `shards` (a power of two) holds `key`. By the run of 128 indexes it falls in
-/// ([`spans::run`]), not the key, so that a run's pages share one shard and one span, and
-/// the span's 44 bytes are split between up to 128 pages instead of a few.
-///
-/// Each aligned group of `shards` consecutive runs of an object goes one run to a shard,
-/// rotated by an offset hashed from the object and the group. With every run placed by
-/// hash, a shard's share of a cache of dense objects varied √128 ≈ 11 times more than
-/// with keys placed one by one, so full shards outgrew the tables sized for them while
-/// others had room. Rotating within a group makes a large object's share exact, and the
-/// hashed offset keeps runs that are a multiple of `shards` apart (a file system's
-/// per-group metadata, say) on shards picked by hash, not all on one.
-///
-/// An object of fewer runs than shards covers only some of them: a 4 MiB object has 8
-/// runs, half of 16 shards. With an offset hashed per object, which half was chance, and
-/// a 1 GiB cache of such objects in 16 shards was resident for 33.6 B a page instead of
-/// 30.8 B with runs of 64 (RFC 0001, "Session 16"). So objects are taken in aligned
-/// blocks of `shards` consecutive ids that share the hashed offset, and each adds its id
-/// within the block with its bits reversed: ids 0 and 1 of a block start half the shards
-/// apart, ids 0–3 a quarter apart, and so on. Any aligned pair of consecutive objects of
-/// `shards / 2` runs covers every shard once, any four of `shards / 4` runs, down to
-/// `shards` objects of one run. Objects whose ids are hashes land as they did.
-pub(crate) fn shard_of(key: &PageKey, shards: usize) -> usize {
-    debug_assert!(shards.is_power_of_two(), "{shards} shards");
-    let bits = shards.trailing_zeros();
-    let run = spans::run(key.index);
-    let offset = spans::group_hash(key.pool, key.object >> bits, run >> bits) >> 32;
-    // The id's low `bits` bits, reversed; none with one shard.
-    let spread = key.object.reverse_bits().checked_shr(64 - bits).unwrap_or(0);
-    (offset.wrapping_add(run).wrapping_add(spread) as usize) & (shards - 1)
-}
 
 /// What an index entry holds in place of page bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -501,7 +453,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_2_a_full_shard_pays_under_five_bytes_of_index_per_page_whatever_its_size() {
+    fn a_full_shard_pays_under_five_bytes_of_index_per_page_whatever_its_size() {
         // hashbrown gave 8192 pages 16 384 buckets (10 B a page); 7000 pages sat at 5.7 B
         // until evictions left tombstones and it doubled too. Now 4 bytes a slot at a load
         // of 15/16, and the headroom of `dense::with_headroom`.

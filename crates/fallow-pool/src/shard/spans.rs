@@ -12,16 +12,16 @@
 //! # Why runs of 128
 //! A cache rarely holds every page of a run: it keeps what was read, and evicts page by
 //! page. A span is shared by the run's pages *cached here*, so the longer the run, the
-//! more of them share it. Runs of 64 with a 64-bit bitmap (36-byte spans, until session
-//! 16) cost a cache of random keys in its steady state, holding a third of each run, 32.5 B
+//! more of them share it. Runs of 64 with a 64-bit bitmap (36-byte spans) cost a cache of
+//! random keys in its steady state, holding a third of each run, 32.5 B
 //! a page at 256 MiB, and a cache holding a tenth of a volume's pages 36.5 B. Runs of 128
 //! (a 128-bit bitmap, 8 bytes more a span) cost 31.7 B and 33.6 B, and a dense object 0.3 B
 //! less. A page alone in its run pays the 8 bytes: one page per object 68.8 → 76.8 B, the
 //! layout `docs/semantics.md` already advises against. Runs of 256 would save less again
 //! (most pages already pay under a byte or two for their span) for 16 bytes more on a
 //! lone page. A 4 MiB object is now 8 runs, fewer than a large engine's shards:
-//! `shard::shard_of` places consecutive objects so that this costs nothing when they are
-//! numbered in order (RFC 0001, "Session 16").
+//! `hashing::shard_of` places consecutive objects so that this costs nothing when they are
+//! numbered in order (RFC 0001, "Outcome").
 //!
 //! Two tables find spans: `by_key` by `(pool, object, run)`, for a put; `heads` by
 //! `(pool, object)`, the first span of each object's list, for an invalidation. An object
@@ -29,6 +29,7 @@
 
 use fallow_core::{ObjectId, PoolId};
 
+use crate::hashing::{object_hash, span_hash};
 use crate::id_table::IdTable;
 
 /// A dense id for one span of a shard; reused once the span has no page left.
@@ -37,8 +38,8 @@ pub type SpanRef = u32;
 /// The end of a list, and "no span".
 pub const NIL: u32 = u32::MAX;
 
-/// log2 of the pages of one span.
-pub const RUN_BITS: u32 = 7;
+/// log2 of the pages of one span (the run a key falls in is `hashing::run`).
+pub use crate::hashing::{run, RUN_BITS};
 
 /// The pages of one span, 128.
 pub const RUN_PAGES: u64 = 1 << RUN_BITS;
@@ -51,11 +52,6 @@ const _: () = assert!(Bits::BITS as u64 == RUN_PAGES, "a bit for each page of a 
 /// The position of page `index` within its span.
 pub const fn position(index: u64) -> u32 {
     (index & ((1 << RUN_BITS) - 1)) as u32
-}
-
-/// The number of the run of [`RUN_PAGES`] indexes that page `index` falls in.
-pub const fn run(index: u64) -> u64 {
-    index >> RUN_BITS
 }
 
 /// Span ids stay below this, so that `span << RUN_BITS | position` never reaches
@@ -156,25 +152,6 @@ impl Packed {
     }
 }
 
-/// A well-mixed hash of `(pool, object)`.
-fn object_hash(pool: PoolId, object: ObjectId) -> u64 {
-    super::mix64(object ^ u64::from(pool.0).wrapping_mul(0x9E37_79B9_7F4A_7C15))
-}
-
-/// A well-mixed hash of `(pool, object, group)` for a group of consecutive runs, which
-/// picks shards (`shard::shard_of`): apart from [`span_hash`], so that the spans a shard
-/// gets are not those whose hashes share some bits.
-pub fn group_hash(pool: PoolId, object: ObjectId, group: u64) -> u64 {
-    super::mix64(
-        object_hash(pool, object).rotate_left(29) ^ group.wrapping_mul(0xA076_1D64_78BD_642F),
-    )
-}
-
-/// A well-mixed hash of `(pool, object, run)`.
-pub fn span_hash(pool: PoolId, object: ObjectId, run: u64) -> u64 {
-    super::mix64(object_hash(pool, object) ^ run.wrapping_mul(0xD6E8_FEB8_6659_FD93))
-}
-
 /// The span table of one shard.
 #[derive(Default)]
 pub struct Spans {
@@ -191,9 +168,9 @@ impl Spans {
     /// two share a run): the tables grow to it, not past it, and the entries reserve it
     /// at their first growth ([`crate::dense::grow`]: address space, resident only as far
     /// as span ids are used) when that reservation is large enough to be a mapping of its
-    /// own ([`RESERVE_BYTES`]). Shards of dense objects never get near it. Until session 13
-    /// the entries doubled up to it, and their spare room was a page's metadata's largest
-    /// slack: 1 B a page of a cache in its steady state, 3.4 B for a tenth of a volume.
+    /// own ([`RESERVE_BYTES`]). Shards of dense objects never get near it. Entries that
+    /// doubled up to it would be a page's metadata's largest slack: 1 B a page of a cache
+    /// in its steady state, 3.4 B for a tenth of a volume.
     pub fn expect(&mut self, spans: usize) {
         self.expected = spans;
         self.by_key.expect(spans);

@@ -7,9 +7,9 @@
 //!           live: bytes of the records still named by their content
 //! ```
 //!
-//! Until session 11 every blob was a heap allocation of its own. The budget counted the
-//! blobs' bytes, but freed blobs left holes in glibc's heap that only blobs of fitting sizes
-//! could reuse: under churn the heap held 1.57 × the blobs' bytes (`mallinfo2`: 0.90 × the
+//! Why not a heap allocation per blob: the budget would count the blobs' bytes, but freed
+//! blobs leave holes in glibc's heap that only blobs of fitting sizes can reuse. Measured
+//! that way under churn, the heap held 1.57 × the blobs' bytes (`mallinfo2`: 0.90 × the
 //! budget mapped in the heap for 0.57 in use, 31,000 free chunks that `malloc_trim` could
 //! not return), and a compressing engine's RssAnon reached 1.11 × its budget.
 //!

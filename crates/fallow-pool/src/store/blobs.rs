@@ -3,7 +3,7 @@
 //!
 //! A `HashMap` doubles by rehashing every entry at once, and the compressor inserts with
 //! every shard lock held: at 57,344 compressed pages the doubling held every get for ~4 ms
-//! (a 256 MiB engine; `compress_cold(32)` passes, session 10), and a larger cache waits
+//! (a 256 MiB engine; `compress_cold(32)` passes), and a larger cache waits
 //! longer. Most compressed contents have virtual ids (`compress.rs` renames a content that
 //! one entry names), which are dense from [`VIRTUAL_BASE`]: their blobs sit in a
 //! [`Chunked`] table, never moved as it grows. The few compressed contents that keep a

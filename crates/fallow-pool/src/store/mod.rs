@@ -83,7 +83,7 @@ struct Content {
     /// ([`Content::key`]). Two different pages share it with probability 2⁻³², so
     /// [`Store::intern`] compares the bytes before sharing and [`Store::share`], which has
     /// no bytes, recomputes the stored page's full content hash. One number for both jobs
-    /// (until session 13 a 32-bit tag of the content hash sat beside it) is 4 bytes of
+    /// (rather than a separate 32-bit tag of the content hash beside it) saves 4 bytes of
     /// every page's metadata.
     sum: u32,
 }
@@ -299,7 +299,7 @@ impl Store {
     /// `Err` when the budget is spent: the caller evicts and calls again.
     // Inlined into the put path, as are `Shard::insert`, `ById::cover_frames` and
     // `dense::place_with`: left to itself the compiler made calls of them, ~60 instructions
-    // a put (BENCHMARKS.md, session 16's instructions).
+    // a put (docs/benchmarks-history.md).
     #[inline]
     pub fn intern(
         &mut self,

@@ -39,8 +39,8 @@ pub struct Transcript {
 }
 
 impl Transcript {
+    #[expect(clippy::expect_used, reason = "HMAC takes keys of any length; this never fails")]
     fn mac(&self, secret: &[u8], label: &[u8]) -> Hmac<Sha256> {
-        // HMAC takes keys of any length; this never fails.
         let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC accepts any key");
         mac.update(label);
         mac.update(&self.version.to_le_bytes());

@@ -52,11 +52,11 @@ pub fn decode(buf: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
 /// Like [`decode`], with a smaller bound on the length field: a node accepts only short
 /// frames before a peer has authenticated, so a stranger cannot make it buffer a megabyte.
 pub fn decode_limited(buf: &mut BytesMut, max_len: usize) -> Result<Option<Frame>, FrameError> {
-    if buf.len() < 4 {
+    let Some(field) = buf.first_chunk::<4>() else {
         return Ok(None);
-    }
+    };
     let max = max_len.min(MAX_FRAME_LEN);
-    let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+    let len = u32::from_le_bytes(*field) as usize;
     if !(MIN_LEN..=max).contains(&len) {
         return Err(FrameError::BadLength { len: len as u64, min: MIN_LEN, max });
     }
@@ -112,6 +112,7 @@ impl FrameWriter {
     /// # Panics
     /// If the body makes the frame longer than [`MAX_FRAME_LEN`]: encoders bound their
     /// batches, so this is a bug in the caller, never a reaction to input.
+    #[expect(clippy::indexing_slicing, reason = "the length field `begin` appended at `start`")]
     pub fn finish(self, buf: &mut BytesMut) {
         let len = buf.len() - self.start - 4;
         assert!(len <= MAX_FRAME_LEN, "encoded a frame of {len} bytes");

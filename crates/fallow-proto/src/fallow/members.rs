@@ -49,7 +49,7 @@ pub struct MemberInfo {
 /// Appends a MEMBERS reply body: the count, then each entry (at most [`MAX_MEMBERS`];
 /// names are cut to 255 bytes on a character boundary).
 pub(crate) fn encode(members: &[MemberInfo], buf: &mut BytesMut) {
-    let members = &members[..members.len().min(MAX_MEMBERS)];
+    let members = members.iter().take(MAX_MEMBERS);
     buf.put_u16_le(members.len() as u16);
     for m in members {
         let id = super::reply::truncate_utf8(&m.id, u8::MAX as usize);

@@ -176,7 +176,7 @@ impl Reply {
                 buf.put_slice(data);
             }
             Reply::Stats(entries) => {
-                let entries = &entries[..entries.len().min(u16::MAX as usize)];
+                let entries = entries.iter().take(u16::MAX as usize);
                 buf.put_u16_le(entries.len() as u16);
                 for entry in entries {
                     let name = truncate_utf8(&entry.name, u8::MAX as usize);
@@ -304,6 +304,10 @@ impl Reply {
 /// of `count` pages to copy the pool's pages into, and returns which keys hit. Pages that
 /// missed are squeezed out before the frame is finished. If `fill` fails, nothing is left
 /// in `buf` and its error is returned, for the caller to answer with an error reply.
+#[expect(
+    clippy::indexing_slicing,
+    reason = "offsets within the flags and pages this function sized the buffer for"
+)]
 pub fn encode_pages_with<E>(
     buf: &mut BytesMut,
     op: Op,

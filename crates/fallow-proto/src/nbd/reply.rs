@@ -194,6 +194,7 @@ impl Chunk {
     /// # Panics
     /// If the payload does not fit the 32-bit length field (over 4 GiB of data): a caller
     /// splits reads long before that.
+    #[expect(clippy::expect_used, reason = "an encoder's bound on its caller, not on input")]
     pub fn encode(&self, buf: &mut BytesMut) {
         let len = u32::try_from(self.body.payload_len()).expect("chunk payload over 4 GiB");
         buf.reserve(CHUNK_HEADER_LEN + len as usize);
@@ -251,6 +252,7 @@ pub fn encode_chunk_header(
 ///
 /// # Panics
 /// If `data_len` is over `u32::MAX - 8`: the spec makes a server split such a read.
+#[expect(clippy::expect_used, reason = "an encoder's bound on its caller, not on input")]
 pub fn encode_offset_data_header(
     buf: &mut BytesMut,
     flags: u16,

@@ -145,6 +145,7 @@ impl LengthPatch {
     }
 
     /// Writes the number of bytes appended since `begin` into the placeholder.
+    #[expect(clippy::indexing_slicing, reason = "the placeholder `begin` appended at `at`")]
     pub(crate) fn finish(self, buf: &mut BytesMut) {
         let len = (buf.len() - self.at - 4) as u32;
         buf[self.at..self.at + 4].copy_from_slice(&len.to_be_bytes());

@@ -134,7 +134,8 @@ fn table(node: &str, node_id: u128, stats: &NodeStats) -> String {
     rows.push(("dedup saved", human(v("dedup_saved_bytes"))));
     let mut compression =
         format!("{} saved on {} pages", human(v("compression_saved_bytes")), v("compressed_pages"));
-    // Nodes before session 11 do not report the memory their compressed pages take.
+    // A node whose engine reports no compressed space (none compressed yet, or a node
+    // from before the field existed) gets no "held in" part.
     if let Some(space) = stats.get("compressed_space_bytes").filter(|b| *b > 0) {
         compression.push_str(&format!(", held in {}", human(space)));
     }

@@ -305,20 +305,20 @@ impl NbdStats {
         let v = count(s.value);
         match s.name.as_str() {
             "fallow_nbd_export_size_bytes" => e.size_bytes = Some(v),
-            "fallow_nbd_cache_pages_read" => match s.label("tier") {
+            "fallow_nbd_cache_pages_read_total" => match s.label("tier") {
                 Some("dirty") => e.dirty = v,
                 Some("local") => e.local = v,
                 Some("pool") => e.pool = v,
                 Some("backing") => e.backing = v,
                 _ => {}
             },
-            "fallow_nbd_backing_reads" => e.backing_reads = v,
-            "fallow_nbd_backing_read_seconds" => e.backing_read_seconds = s.value,
+            "fallow_nbd_backing_reads_total" => e.backing_reads = v,
+            "fallow_nbd_backing_read_seconds_total" => e.backing_read_seconds = s.value,
             "fallow_nbd_dirty_bytes" => e.dirty_bytes = v,
-            "fallow_nbd_written_back_pages" => e.written_back_pages = v,
+            "fallow_nbd_written_back_pages_total" => e.written_back_pages = v,
             "fallow_nbd_local_tier_pages" => e.local_tier_pages = v,
-            "fallow_nbd_pool_put_pages" => e.pool_put_pages = v,
-            "fallow_nbd_pool_errors" => e.pool_errors = v,
+            "fallow_nbd_pool_put_pages_total" => e.pool_put_pages = v,
+            "fallow_nbd_pool_errors_total" => e.pool_errors = v,
             "fallow_nbd_pool_trusted" => e.pool_trusted = v != 0,
             _ => {}
         }
@@ -506,19 +506,19 @@ fallow_nbd_request_duration_seconds_bucket{cmd=\"read\",le=\"+Inf\"} 40
 fallow_nbd_bytes_total{cmd=\"read\"} 163840
 fallow_nbd_connections 1
 fallow_nbd_connections_accepted_total 3
-fallow_nbd_cache_pages_read{export=\"d\",tier=\"local\"} 30
-fallow_nbd_cache_pages_read{export=\"d\",tier=\"pool\"} 6
-fallow_nbd_cache_pages_read{export=\"d\",tier=\"dirty\"} 0
-fallow_nbd_cache_pages_read{export=\"d\",tier=\"backing\"} 4
-fallow_nbd_backing_reads{export=\"d\"} 2
-fallow_nbd_backing_read_seconds{export=\"d\"} 0.01
-fallow_nbd_pool_errors{export=\"d\"} 0
+fallow_nbd_cache_pages_read_total{export=\"d\",tier=\"local\"} 30
+fallow_nbd_cache_pages_read_total{export=\"d\",tier=\"pool\"} 6
+fallow_nbd_cache_pages_read_total{export=\"d\",tier=\"dirty\"} 0
+fallow_nbd_cache_pages_read_total{export=\"d\",tier=\"backing\"} 4
+fallow_nbd_backing_reads_total{export=\"d\"} 2
+fallow_nbd_backing_read_seconds_total{export=\"d\"} 0.01
+fallow_nbd_pool_errors_total{export=\"d\"} 0
 fallow_nbd_pool_trusted{export=\"d\"} 1
 fallow_nbd_dirty_bytes{export=\"d\"} 8192
-fallow_nbd_written_back_pages{export=\"d\"} 5
+fallow_nbd_written_back_pages_total{export=\"d\"} 5
 fallow_nbd_export_size_bytes{export=\"d\"} 16777216
 fallow_nbd_local_tier_pages{export=\"d\"} 34
-fallow_nbd_pool_put_pages{export=\"d\"} 10
+fallow_nbd_pool_put_pages_total{export=\"d\"} 10
 fallow_nbd_pool_used_bytes{pool=\"in-process\"} 2097152
 fallow_nbd_pool_lent_bytes{pool=\"in-process\"} 67108864
 # EOF
@@ -569,7 +569,7 @@ export d      16.0 MiB
     #[test]
     fn table_of_an_idle_server() {
         let page = "fallow_nbd_connections 0\n\
-                    fallow_nbd_cache_pages_read{export=\"e\",tier=\"local\"} 0\n\
+                    fallow_nbd_cache_pages_read_total{export=\"e\",tier=\"local\"} 0\n\
                     fallow_nbd_pool_trusted{export=\"e\"} 0\n";
         let stats = NbdStats::from_metrics(&Metrics::parse(page).unwrap()).unwrap();
         let text = stats.table("http://h:1/metrics");
@@ -595,7 +595,8 @@ export d      16.0 MiB
 
     #[test]
     fn other_pages_are_named_for_what_they_are() {
-        let node = Metrics::parse("fallow_requests_total{op=\"get\",status=\"ok\"} 1\n").unwrap();
+        let node =
+            Metrics::parse("fallow_node_requests_total{op=\"get\",status=\"ok\"} 1\n").unwrap();
         assert!(NbdStats::from_metrics(&node).unwrap_err().contains("--node"));
         let other = Metrics::parse("go_goroutines 7\n").unwrap();
         assert!(NbdStats::from_metrics(&other).unwrap_err().contains("not a fallow NBD"));

@@ -4,7 +4,7 @@
 //! writes, ends with). Timestamps and exemplars after the value are ignored.
 //!
 //! ```text
-//!  fallow_nbd_cache_pages_read{export="d",tier="local"} 16
+//!  fallow_nbd_cache_pages_read_total{export="d",tier="local"} 16
 //!  └─ name ─────────────────┘└─ labels (escapes \\ \" \n) ─┘ └ value (float, +Inf, NaN)
 //! ```
 //!
@@ -185,7 +185,7 @@ mod tests {
                     # TYPE fallow_nbd_requests counter\n\
                     fallow_nbd_requests_total{cmd=\"read\",result=\"ok\"} 12\n\
                     fallow_nbd_request_duration_seconds_bucket{cmd=\"read\",le=\"+Inf\"} 12\n\
-                    fallow_nbd_backing_read_seconds{export=\"d\"} 0.0125\n\
+                    fallow_nbd_backing_read_seconds_total{export=\"d\"} 0.0125\n\
                     fallow_nbd_connections 1\n\
                     # EOF\n";
         let m = Metrics::parse(text).unwrap();
@@ -195,7 +195,10 @@ mod tests {
             Some(12.0)
         );
         assert_eq!(m.get("fallow_nbd_requests_total", &[("cmd", "write")]), None);
-        assert_eq!(m.get("fallow_nbd_backing_read_seconds", &[("export", "d")]), Some(0.0125));
+        assert_eq!(
+            m.get("fallow_nbd_backing_read_seconds_total", &[("export", "d")]),
+            Some(0.0125)
+        );
         assert_eq!(m.get("fallow_nbd_connections", &[]), Some(1.0));
         let bucket = m.named("fallow_nbd_request_duration_seconds_bucket").next().unwrap();
         assert_eq!(bucket.label("le"), Some("+Inf"));

@@ -1,5 +1,5 @@
-//! A throwaway single-node Ceph cluster for tests, shared by the test binaries that need one
-//! (they include this file with `#[path]`): `ceph-up.sh` in a scratch directory on a free
+//! A throwaway single-node Ceph cluster for tests, shared by the test binaries that need one:
+//! `tests/ceph/ceph-up.sh` in a scratch directory on a free
 //! monitor port, and `ceph-down.sh` (which signals the daemons by their recorded PIDs and
 //! deletes the directory) when the [`CephCluster`] is dropped, a failed assertion included.
 //! Without the Ceph binaries, [`CephCluster::start`] says so and returns `None`, and the test
@@ -8,6 +8,8 @@
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use crate::process::have;
 
 /// The programs `ceph-up.sh` runs.
 const TOOLS: [&str; 7] =
@@ -126,15 +128,6 @@ impl Drop for CephCluster {
 /// `tests/ceph/` at the top of the workspace.
 fn scripts() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/ceph")
-}
-
-/// Whether `tool` is on the PATH.
-fn have(tool: &str) -> bool {
-    Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {tool}"))
-        .output()
-        .is_ok_and(|o| o.status.success())
 }
 
 /// A port P on 127.0.0.1 such that P and P+1 (the monitor's msgr2 and v1 ports) were both

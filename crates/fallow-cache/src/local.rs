@@ -2,6 +2,11 @@
 //! fixed capacity (one reference bit per page): cheap, scan-tolerant enough for a first
 //! tier, and it reports the page it evicts so that exclusive mode can hand it to the pool.
 
+#![expect(
+    clippy::indexing_slicing,
+    reason = "slot numbers and the hand stay below the tier's fixed capacity"
+)]
+
 use std::collections::HashMap;
 
 use bytes::Bytes;

@@ -17,14 +17,15 @@
 //! is left, and a shrink that left only a few does not start one (reads and evictions
 //! remove those as they meet them).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use parking_lot::{MutexGuard, RwLockWriteGuard};
 
-use crate::engine::Inner;
+use super::Inner;
 use crate::pools::Counter;
+use crate::stats::SweepReport;
 
 /// Slots looked at per hold of a shard's lock.
 const SLOTS_PER_HOLD: usize = 4096;
@@ -53,37 +54,14 @@ enum Pace {
 /// its time. On a VM, a thread can be descheduled by the host for milliseconds while it
 /// holds a lock, and a get that needs the lock waits as long: measured after a 1 GiB
 /// give-back on 2 vCPUs, gets waited 1–9 ms (asleep, not waiting for a CPU) while the
-/// sweep ran flat out: 95 such gets in 24 runs, against 11 paced (BENCHMARKS.md, "Where
-/// the stalls during a give-back come from"). The chance of that is the share of time the
-/// sweep holds locks, so the sweep takes longer instead.
+/// sweep ran flat out: 95 such gets in 24 runs, against 11 paced
+/// (docs/benchmarks-history.md, "Where the stalls during a give-back come from"). The
+/// chance of that is the share of time the sweep holds locks, so the sweep takes longer
+/// instead.
 const BACKGROUND_DUTY: u32 = 5;
 
 /// The sweeper thread's nice value.
 const SWEEP_NICE: i32 = 10;
-
-/// What a sweep did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SweepReport {
-    /// Index entries removed: pages whose bytes had been dropped.
-    pub entries_removed: usize,
-    /// The longest hold of a shard's lock.
-    pub longest_hold: Duration,
-    /// Steps that took the store's write lock (to release contents), every get's wait.
-    pub store_holds: usize,
-    /// Their time with the store's write lock held, in all.
-    pub store_held: Duration,
-    /// The longest of those holds.
-    pub longest_store_hold: Duration,
-    /// The sweep's whole time.
-    pub elapsed: Duration,
-}
-
-/// Whether a sweep is wanted and whether one is running.
-#[derive(Debug, Default)]
-pub(crate) struct SweepState {
-    requested: AtomicBool,
-    running: AtomicBool,
-}
 
 impl Inner {
     /// After a shrink: sweeps in the background if enough entries went stale.

@@ -25,6 +25,11 @@
 //! several stripes are always taken in ascending stripe order, so readers and writers
 //! cannot deadlock.
 
+#![expect(
+    clippy::indexing_slicing,
+    reason = "stripe numbers are taken modulo the number of stripes"
+)]
+
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use tokio::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};

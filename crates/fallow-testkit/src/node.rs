@@ -1,8 +1,6 @@
 //! A real node for integration tests: an engine and a server on 127.0.0.1 with an
 //! OS-assigned port, running on its own thread and runtime until dropped.
 
-#![allow(dead_code)] // Each test binary uses a different part of this module.
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,9 +14,13 @@ pub const SECRET: &[u8] = b"integration-test-secret-0123456789";
 
 /// A node serving on 127.0.0.1:0 (and a Unix socket, if asked).
 pub struct TestNode {
+    /// Its TCP address.
     pub addr: SocketAddr,
+    /// Its `/metrics` address, if asked for.
     pub metrics: Option<SocketAddr>,
+    /// Its Unix socket, if asked for.
     pub unix: Option<std::path::PathBuf>,
+    /// The node itself, for looking at its state.
     pub node: Arc<Node>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -26,12 +28,19 @@ pub struct TestNode {
 
 /// Settings a test may change.
 pub struct Options {
+    /// Bytes the node lends.
     pub budget: usize,
+    /// How long a reply may wait for a client that does not read.
     pub write_timeout: Duration,
+    /// How long a connection may take to authenticate.
     pub handshake_timeout: Duration,
+    /// How long a client's pools outlive its last connection.
     pub client_lease: Duration,
+    /// Listen on a Unix socket too.
     pub unix: bool,
+    /// Pools one client may create.
     pub max_pools_per_client: usize,
+    /// Serve `/metrics` on 127.0.0.1:0.
     pub metrics: bool,
     /// Gossip settings; `None` runs the node alone.
     pub cluster: Option<ClusterSettings>,
@@ -60,10 +69,12 @@ impl Default for Options {
 }
 
 impl TestNode {
+    /// A node with the default [`Options`].
     pub fn start() -> TestNode {
         Self::with(Options::default())
     }
 
+    /// A node with `options`; panics if it cannot start.
     pub fn with(options: Options) -> TestNode {
         let engine = Arc::new(Engine::new(
             EngineBuilder::new(options.budget).compress_interval(None).build().unwrap(),
@@ -163,12 +174,14 @@ pub fn assert_pages(got: &[Option<bytes::Bytes>], data: &bytes::Bytes, what: &st
 
 /// A TCP proxy on 127.0.0.1 in front of a node, whose connections a test can cut.
 pub struct CutProxy {
+    /// Where clients connect to reach the node.
     pub addr: SocketAddr,
     streams: Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
     stop: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl CutProxy {
+    /// A proxy to `target` on a free port.
     pub fn start(target: SocketAddr) -> CutProxy {
         use std::sync::atomic::Ordering;
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -1,13 +1,10 @@
-//! The model every backing store is checked against, shared by the conformance suites
-//! (`conformance.rs` for the stores that need nothing outside the process, `rados.rs` for
-//! the one that needs a Ceph cluster): random reads, writes, trims, zeroing and flushes,
+//! The model every backing store is checked against, shared by the backing stores'
+//! conformance suites (`conformance.rs` for the stores that need nothing outside the
+//! process, `rados.rs` for the one that needs a Ceph cluster): random reads, writes, trims, zeroing and flushes,
 //! run on a store and on a byte vector, whose reads must agree.
 
-// Each test binary uses a different part of this module.
-#![allow(dead_code)]
-
 use bytes::Bytes;
-use fallow_backing::BackingStore;
+use fallow_backing::{BackingStore, Durability, Zeroing};
 use proptest::prelude::*;
 
 /// The store size of the suites that need no particular geometry.
@@ -18,24 +15,39 @@ pub const SIZE: u64 = 64 * 1024;
 pub enum Op {
     /// Writes [`pattern`]`(fill, i)` at `offset + i`.
     Write {
+        /// Where.
         offset: u64,
+        /// How many bytes.
         len: u32,
+        /// Which pattern.
         fill: u8,
-        fua: bool,
+        /// FUA or not.
+        durability: Durability,
     },
+    /// Reads the range and compares it with the model.
     Read {
+        /// Where.
         offset: u64,
+        /// How many bytes.
         len: u32,
     },
+    /// Discards the range (the model keeps the bytes unless the store reads zeros after).
     Trim {
+        /// Where.
         offset: u64,
+        /// How many bytes.
         len: u32,
     },
+    /// Makes the range read as zeros.
     Zero {
+        /// Where.
         offset: u64,
+        /// How many bytes.
         len: u32,
-        may_trim: bool,
+        /// Whether it may be deallocated.
+        zeroing: Zeroing,
     },
+    /// Makes every completed write durable.
     Flush,
 }
 
@@ -91,10 +103,19 @@ pub fn range(g: Geometry) -> BoxedStrategy<(u64, u32)> {
 /// One operation: mostly reads and writes.
 pub fn op(g: Geometry) -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (range(g), any::<u8>(), any::<bool>()).prop_map(|((offset, len), fill, fua)| Op::Write { offset, len, fill, fua }),
+        4 => (range(g), any::<u8>(), any::<bool>()).prop_map(|((offset, len), fill, fua)| Op::Write {
+            offset,
+            len,
+            fill,
+            durability: if fua { Durability::Immediate } else { Durability::AtFlush },
+        }),
         4 => range(g).prop_map(|(offset, len)| Op::Read { offset, len }),
         1 => range(g).prop_map(|(offset, len)| Op::Trim { offset, len }),
-        1 => (range(g), any::<bool>()).prop_map(|((offset, len), may_trim)| Op::Zero { offset, len, may_trim }),
+        1 => (range(g), any::<bool>()).prop_map(|((offset, len), may_trim)| Op::Zero {
+            offset,
+            len,
+            zeroing: if may_trim { Zeroing::MayDeallocate } else { Zeroing::KeepAllocated },
+        }),
         1 => Just(Op::Flush),
     ]
 }
@@ -108,9 +129,9 @@ pub async fn check(store: &dyn BackingStore, ops: &[Op]) {
     let mut fuzzy = vec![false; size];
     for op in ops {
         match op.clone() {
-            Op::Write { offset, len, fill, fua } => {
+            Op::Write { offset, len, fill, durability } => {
                 let data: Vec<u8> = (0..len as usize).map(|i| pattern(fill, i)).collect();
-                store.write(offset, Bytes::from(data.clone()), fua).await.unwrap();
+                store.write(offset, Bytes::from(data.clone()), durability).await.unwrap();
                 let r = offset as usize..offset as usize + len as usize;
                 model[r.clone()].copy_from_slice(&data);
                 fuzzy[r].fill(false);
@@ -133,8 +154,8 @@ pub async fn check(store: &dyn BackingStore, ops: &[Op]) {
                 // whole file-system blocks only: each byte reads as zero or as before.
                 fuzzy[offset as usize..offset as usize + len as usize].fill(true);
             }
-            Op::Zero { offset, len, may_trim } => {
-                store.write_zeroes(offset, len, may_trim).await.unwrap();
+            Op::Zero { offset, len, zeroing } => {
+                store.write_zeroes(offset, len, zeroing).await.unwrap();
                 let r = offset as usize..offset as usize + len as usize;
                 model[r.clone()].fill(0);
                 fuzzy[r].fill(false);

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use fallow_backing::{BackingStore, Capabilities, MemStore};
+use fallow_backing::{BackingStore, Capabilities, Durability, MemStore, Zeroing};
+use fallow_cache::{CacheConfig, CacheLayer, Mode, PoolTier, WritePolicy};
 use fallow_core::{AsyncPageStore, PoolSpec, PAGE_SIZE};
-use fallow_nbd::cache::{CacheConfig, CacheLayer, Mode, PoolTier, WritePolicy};
 use fallow_pool::{Engine, EngineBuilder};
 use proptest::prelude::*;
 
@@ -63,12 +63,15 @@ async fn run(ops: Vec<Op>, mode: Mode, local_pages: usize, pool: bool, write: Wr
                 );
             }
             Op::Write(o, l, b) => {
-                cache.write(o, Bytes::from(vec![b; l as usize]), false).await.unwrap();
+                cache
+                    .write(o, Bytes::from(vec![b; l as usize]), Durability::AtFlush)
+                    .await
+                    .unwrap();
                 model[o as usize..o as usize + l as usize].fill(b);
             }
             Op::Zero(o, l) | Op::Trim(o, l) => {
                 if matches!(op, Op::Zero(..)) {
-                    cache.write_zeroes(o, l, false).await.unwrap();
+                    cache.write_zeroes(o, l, Zeroing::KeepAllocated).await.unwrap();
                 } else {
                     cache.trim(o, l).await.unwrap(); // MemStore trims read as zeros
                 }
@@ -124,9 +127,9 @@ impl BackingStore for SlowStore {
         tokio::time::sleep(Duration::from_micros(300)).await;
         Ok(data)
     }
-    async fn write(&self, offset: u64, data: Bytes, fua: bool) -> std::io::Result<()> {
+    async fn write(&self, offset: u64, data: Bytes, durability: Durability) -> std::io::Result<()> {
         tokio::time::sleep(Duration::from_micros(100)).await;
-        self.0.write(offset, data, fua).await
+        self.0.write(offset, data, durability).await
     }
     async fn flush(&self) -> std::io::Result<()> {
         Ok(())
@@ -134,8 +137,8 @@ impl BackingStore for SlowStore {
     async fn trim(&self, offset: u64, len: u32) -> std::io::Result<()> {
         self.0.trim(offset, len).await
     }
-    async fn write_zeroes(&self, offset: u64, len: u32, may_trim: bool) -> std::io::Result<()> {
-        self.0.write_zeroes(offset, len, may_trim).await
+    async fn write_zeroes(&self, offset: u64, len: u32, zeroing: Zeroing) -> std::io::Result<()> {
+        self.0.write_zeroes(offset, len, zeroing).await
     }
 }
 
@@ -166,7 +169,10 @@ async fn no_read_after_an_acknowledged_write_sees_older_data() {
                     let version = round;
                     let mut data = vec![0u8; PAGE_SIZE];
                     data[..8].copy_from_slice(&version.to_le_bytes());
-                    cache.write(page * PAGE_SIZE as u64, Bytes::from(data), false).await.unwrap();
+                    cache
+                        .write(page * PAGE_SIZE as u64, Bytes::from(data), Durability::AtFlush)
+                        .await
+                        .unwrap();
                     acked[page as usize].fetch_max(version, Ordering::SeqCst);
                 }
             }));
@@ -273,14 +279,14 @@ async fn a_pool_that_cannot_invalidate_is_skipped_until_cleared() {
         write: WritePolicy::Through,
     };
     let cache = CacheLayer::new(backing, Some(tier), config);
-    cache.write(0, Bytes::from(vec![1u8; PAGE_SIZE]), false).await.unwrap();
+    cache.write(0, Bytes::from(vec![1u8; PAGE_SIZE]), Durability::AtFlush).await.unwrap();
     assert_eq!(cache.read(0, 4096).await.unwrap()[0], 1); // populates the pool
     assert_eq!(cache.read(0, 4096).await.unwrap()[0], 1);
     assert_eq!(cache.stats().pool_hits.load(Ordering::Relaxed), 1);
     // Now the pool cannot invalidate: the write still succeeds, the stale copy stays in
     // the pool, and reads must not use it.
     flaky.fail_invalidate.store(true, Ordering::SeqCst);
-    cache.write(0, Bytes::from(vec![2u8; PAGE_SIZE]), false).await.unwrap();
+    cache.write(0, Bytes::from(vec![2u8; PAGE_SIZE]), Durability::AtFlush).await.unwrap();
     assert!(!cache.pool_trusted());
     assert_eq!(cache.read(0, 4096).await.unwrap()[0], 2, "never the stale pool copy");
     // Once the pool works again the keeper clears the export's pages and trusts it.
@@ -300,8 +306,8 @@ async fn write_back_keeps_writes_in_memory_until_flush_or_age() {
     let write = WritePolicy::Back { max_dirty_bytes: 1 << 20, max_age: Duration::from_millis(200) };
     let config = CacheConfig { local_pages: 4, mode: Mode::Exclusive, scan_bytes: 1 << 20, write };
     let cache = CacheLayer::new(backing.clone(), None, config);
-    cache.write(0, Bytes::from(vec![9u8; 3 * PAGE_SIZE]), false).await.unwrap();
-    cache.write(5000, Bytes::from(vec![7u8; 10]), false).await.unwrap(); // a partial page
+    cache.write(0, Bytes::from(vec![9u8; 3 * PAGE_SIZE]), Durability::AtFlush).await.unwrap();
+    cache.write(5000, Bytes::from(vec![7u8; 10]), Durability::AtFlush).await.unwrap(); // a partial page
     assert_eq!(backing.read(0, 1).await.unwrap()[0], 0, "acknowledged from memory");
     let got = cache.read(0, 3 * PAGE_SIZE as u32).await.unwrap();
     assert!(got[..5000].iter().all(|b| *b == 9) && got[5000..5010].iter().all(|b| *b == 7));
@@ -309,10 +315,16 @@ async fn write_back_keeps_writes_in_memory_until_flush_or_age() {
     let stored = backing.read(0, 3 * PAGE_SIZE as u32).await.unwrap();
     assert_eq!(stored, got, "FLUSH wrote everything");
     // FUA is durable at once.
-    cache.write(8 * PAGE_SIZE as u64, Bytes::from(vec![3u8; PAGE_SIZE]), true).await.unwrap();
+    cache
+        .write(8 * PAGE_SIZE as u64, Bytes::from(vec![3u8; PAGE_SIZE]), Durability::Immediate)
+        .await
+        .unwrap();
     assert_eq!(backing.read(8 * PAGE_SIZE as u64, 1).await.unwrap()[0], 3);
     // Without FLUSH, the flusher writes pages out once they are older than max_age.
-    cache.write(12 * PAGE_SIZE as u64, Bytes::from(vec![5u8; PAGE_SIZE]), false).await.unwrap();
+    cache
+        .write(12 * PAGE_SIZE as u64, Bytes::from(vec![5u8; PAGE_SIZE]), Durability::AtFlush)
+        .await
+        .unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while backing.read(12 * PAGE_SIZE as u64, 1).await.unwrap()[0] != 5 {
         assert!(std::time::Instant::now() < deadline, "the flusher never wrote the page");
@@ -342,7 +354,7 @@ impl BackingStore for CountingStore {
     async fn read(&self, offset: u64, len: u32) -> std::io::Result<Bytes> {
         self.inner.read(offset, len).await
     }
-    async fn write(&self, offset: u64, data: Bytes, fua: bool) -> std::io::Result<()> {
+    async fn write(&self, offset: u64, data: Bytes, durability: Durability) -> std::io::Result<()> {
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.most_in_flight.fetch_max(now, Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -350,7 +362,7 @@ impl BackingStore for CountingStore {
         if *self.fail_at.lock().unwrap() == Some(offset) {
             return Err(std::io::Error::other("injected write failure"));
         }
-        self.inner.write(offset, data, fua).await
+        self.inner.write(offset, data, durability).await
     }
     async fn flush(&self) -> std::io::Result<()> {
         Ok(())
@@ -358,8 +370,8 @@ impl BackingStore for CountingStore {
     async fn trim(&self, offset: u64, len: u32) -> std::io::Result<()> {
         self.inner.trim(offset, len).await
     }
-    async fn write_zeroes(&self, offset: u64, len: u32, may_trim: bool) -> std::io::Result<()> {
-        self.inner.write_zeroes(offset, len, may_trim).await
+    async fn write_zeroes(&self, offset: u64, len: u32, zeroing: Zeroing) -> std::io::Result<()> {
+        self.inner.write_zeroes(offset, len, zeroing).await
     }
 }
 
@@ -370,7 +382,7 @@ async fn scattered_dirty_pages(store: Arc<CountingStore>) -> CacheLayer {
     let cache = CacheLayer::new(store, None, config);
     for run in 0..64u64 {
         let page = Bytes::from(vec![run as u8 + 1; PAGE_SIZE]);
-        cache.write(2 * run * PAGE_SIZE as u64, page, false).await.unwrap();
+        cache.write(2 * run * PAGE_SIZE as u64, page, Durability::AtFlush).await.unwrap();
     }
     cache
 }
@@ -424,7 +436,7 @@ async fn a_page_written_back_stays_cached_as_a_clean_page() {
     let write = WritePolicy::Back { max_dirty_bytes: 1 << 30, max_age: Duration::from_secs(3600) };
     let config = CacheConfig { local_pages: 16, mode: Mode::Exclusive, scan_bytes: 1 << 20, write };
     let cache = CacheLayer::new(store.clone(), Some(pool_tier().await), config);
-    cache.write(0, Bytes::from(vec![4u8; 8 * PAGE_SIZE]), false).await.unwrap();
+    cache.write(0, Bytes::from(vec![4u8; 8 * PAGE_SIZE]), Durability::AtFlush).await.unwrap();
     cache.flush().await.unwrap();
     assert_eq!(store.inner.read(0, 1).await.unwrap()[0], 4, "the flush wrote the pages");
     let got = cache.read(0, 8 * PAGE_SIZE as u32).await.unwrap();

@@ -1,8 +1,5 @@
-//! Page contents shared by the tests and the benches of this crate (the benches include this
-//! file by path), so that both fill pools with the same kind of bytes.
-
-// Each test or bench binary uses its own subset of these helpers.
-#![allow(dead_code)]
+//! Page contents shared by the engine's tests and benches, so that both fill pools with the
+//! same kind of bytes, and the benches' engine settings from the environment.
 
 use fallow_core::PAGE_SIZE;
 use fallow_pool::EngineBuilder;

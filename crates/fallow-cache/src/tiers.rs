@@ -1,0 +1,73 @@
+//! Moving pages between the tiers: into the local tier (its evictions to the demoter),
+//! into the pool, and out of the pool when a write makes its copies stale.
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use bytes::{Bytes, BytesMut};
+use fallow_core::{PageKey, PutOutcome, PAGE_SIZE};
+
+use crate::{CacheLayer, PoolTier, Shared};
+
+impl CacheLayer {
+    /// Removes cached copies of whole pages in the pool; on failure, distrusts the pool.
+    pub(crate) async fn invalidate_in_pool(&self, pages: &[u64]) {
+        let s = &*self.shared;
+        let Some(pool) = &s.pool else { return };
+        if pages.is_empty() {
+            return;
+        }
+        if let Err(err) = pool.store.invalidate_pages(&self.keys(pool, pages)).await {
+            s.stats.pool_errors.fetch_add(1, Relaxed);
+            s.distrust_epoch.fetch_add(1, Relaxed);
+            if s.pool_trusted.swap(false, Relaxed) {
+                tracing::warn!(%err, "could not invalidate pages in the pool; skipping the pool until it is cleared");
+            }
+        }
+    }
+}
+
+/// Puts clean pages into the pool in one batch; a failure is counted and logged, never an
+/// error (the pages are clean: losing them costs a re-read).
+pub(crate) async fn put_into_pool(
+    s: &Shared,
+    pool: &PoolTier,
+    pages: &[(u64, &Bytes)],
+    what: &str,
+) {
+    let keys: Vec<PageKey> =
+        pages.iter().map(|(p, _)| PageKey::new(pool.pool, pool.object, *p)).collect();
+    let mut data = BytesMut::with_capacity(pages.len() * PAGE_SIZE);
+    for (_, b) in pages {
+        data.extend_from_slice(b);
+    }
+    match pool.store.put_many(&keys, data.freeze()).await {
+        Ok(outcomes) => {
+            let stored = outcomes.iter().filter(|o| **o == PutOutcome::Stored).count();
+            s.stats.pool_puts.fetch_add(stored as u64, Relaxed);
+        }
+        Err(err) => {
+            s.stats.pool_errors.fetch_add(1, Relaxed);
+            tracing::debug!(%err, what, "putting pages into the pool failed");
+        }
+    }
+}
+
+/// Inserts into the local tier; an evicted page goes to the demoter (exclusive mode).
+pub(crate) fn keep_local(s: &Shared, page: u64, data: Bytes) {
+    if let Some((evicted, bytes)) = s.local.insert(page, data) {
+        if let Some(demote) = &s.demote {
+            // The evicted page was valid while in the tier; its ticket now guards the
+            // trip to the pool against a write that starts meanwhile.
+            match s.coherence.ticket(evicted) {
+                Some(ticket) => {
+                    if demote.try_send((evicted, bytes, ticket)).is_err() {
+                        s.stats.demotions_dropped.fetch_add(1, Relaxed);
+                    }
+                }
+                None => {
+                    s.stats.populate_skipped.fetch_add(1, Relaxed);
+                }
+            }
+        }
+    }
+}
