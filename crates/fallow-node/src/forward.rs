@@ -146,10 +146,12 @@ fn unknown(pool: PoolId) -> Failure {
 fn failure(err: ClusterError, pool: PoolId) -> Failure {
     let message = err.to_string();
     let status = match err {
-        ClusterError::UnknownPool(_) => return unknown(pool),
-        ClusterError::BadLength { .. } => Status::Malformed,
+        ClusterError::Store(StoreError::UnknownPool(_)) => return unknown(pool),
+        ClusterError::Store(StoreError::BadLength { .. }) => Status::Malformed,
         ClusterError::PersistentNeedsOneNode { .. } => Status::InvalidSpec,
-        ClusterError::SharedPoolMismatch { .. } => Status::SharedPoolMismatch,
+        ClusterError::Store(StoreError::SharedPoolMismatch { .. }) => Status::SharedPoolMismatch,
+        ClusterError::Store(StoreError::InvalidSpec(_)) => Status::InvalidSpec,
+        ClusterError::Store(StoreError::TooManyPools) => Status::TooManyPools,
         // A node's refusal (too many pools, an invalid spec) is this node's answer too;
         // a status that closes a connection concerns the node's own connection, not the
         // client's.
@@ -157,6 +159,7 @@ fn failure(err: ClusterError, pool: PoolId) -> Failure {
             status
         }
         ClusterError::Node(_)
+        | ClusterError::Store(StoreError::Unavailable(_))
         | ClusterError::NoNodeReachable(_)
         | ClusterError::PoolLost(_)
         | ClusterError::CopiesLost(_) => Status::Internal,
@@ -523,7 +526,8 @@ mod tests {
     #[test]
     fn cluster_errors_map_to_single_node_statuses() {
         let pool = PoolId(CLUSTER_POOL_BIT | 3);
-        let (status, message) = failure(ClusterError::UnknownPool(PoolId(0)), pool);
+        let (status, message) =
+            failure(ClusterError::Store(StoreError::UnknownPool(PoolId(0))), pool);
         assert_eq!((status, message), unknown(pool), "names the client's id, not the remote one");
         let refused = ClientError::Refused { status: Status::TooManyPools, message: "x".into() };
         assert_eq!(failure(ClusterError::Node(refused), pool).0, Status::TooManyPools);
@@ -533,7 +537,7 @@ mod tests {
             failure(ClusterError::Node(ClientError::Disconnected), pool).0,
             Status::Internal
         );
-        let mismatch = ClusterError::SharedPoolMismatch { uuid: 9 };
+        let mismatch = ClusterError::Store(StoreError::SharedPoolMismatch { uuid: 9 });
         assert_eq!(failure(mismatch, pool).0, Status::SharedPoolMismatch);
         let one_node = ClusterError::PersistentNeedsOneNode { nodes: 3 };
         assert_eq!(failure(one_node, pool).0, Status::InvalidSpec);

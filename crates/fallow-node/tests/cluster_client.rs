@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fallow_client::{Client, ClusterClient, ClusterClientConfig, ClusterError, NodeState};
-use fallow_core::{PoolSpec, PutOutcome, PAGE_SIZE};
+use fallow_core::{PoolSpec, PutOutcome, StoreError, PAGE_SIZE};
 use support::{assert_pages, gossip_addr, gossiping, keys, pages, three_nodes, TestNode, SECRET};
 
 /// Refreshes `cluster` until `done` holds for its nodes (at most 10 s).
@@ -107,7 +107,10 @@ async fn pages_spread_over_the_nodes_and_a_later_node_gets_new_ones() {
     assert_eq!(cluster.invalidate_pool(pool).await.unwrap(), n - 20);
     assert_eq!(cluster.summary().pages, 0);
     cluster.destroy_pool(pool).await.unwrap();
-    assert!(matches!(cluster.get_many(&keys).await, Err(ClusterError::UnknownPool(_))));
+    assert!(matches!(
+        cluster.get_many(&keys).await,
+        Err(ClusterError::Store(StoreError::UnknownPool(_)))
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -313,7 +316,10 @@ async fn a_shared_pool_is_coherent_between_two_clients() {
     }
     // Other options under the same UUID are refused.
     let err = a.create_pool(&PoolSpec::ephemeral().shared(0x5eed_f00d).compress(true)).await;
-    assert!(matches!(err, Err(ClusterError::SharedPoolMismatch { .. })), "{err:?}");
+    assert!(
+        matches!(err, Err(ClusterError::Store(StoreError::SharedPoolMismatch { .. }))),
+        "{err:?}"
+    );
     b.destroy_pool(pool_b).await.unwrap();
     a.destroy_pool(pool_a).await.unwrap();
 }

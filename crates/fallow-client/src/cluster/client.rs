@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use fallow_core::{PoolId, PoolKind, PoolSpec, Sharing};
+use fallow_core::{PoolId, PoolKind, PoolSpec, Sharing, StoreError};
 use fallow_proto::fallow::{MemberState, Status};
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::Notify;
@@ -316,7 +316,7 @@ impl ClusterClient {
         let _admin = inner.admin.lock().await;
         let (logical, targets) = {
             let mut view = inner.view.write();
-            let logical = view.pools.remove(&pool).ok_or(ClusterError::UnknownPool(pool))?;
+            let logical = view.pools.remove(&pool).ok_or(StoreError::UnknownPool(pool))?;
             let targets: Vec<(Arc<NodeLink>, PoolId)> = logical
                 .on
                 .iter()
@@ -356,7 +356,7 @@ fn mismatch(spec: &PoolSpec) -> ClusterError {
         Sharing::Shared { uuid } => uuid,
         Sharing::Private => 0,
     };
-    ClusterError::SharedPoolMismatch { uuid }
+    ClusterError::Store(StoreError::SharedPoolMismatch { uuid })
 }
 
 impl Inner {

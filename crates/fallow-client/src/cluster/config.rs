@@ -117,17 +117,11 @@ pub enum ClusterError {
     /// No seed could be reached, or none accepted this client.
     #[error("no seed node answered: {0}")]
     NoNodeReachable(#[source] ClientError),
-    /// The pool does not exist (never created by this client, or destroyed).
-    #[error("unknown {0}")]
-    UnknownPool(PoolId),
-    /// A buffer that is not one page per key.
-    #[error("buffer of {got} bytes where {expected} were expected")]
-    BadLength {
-        /// The length passed.
-        got: usize,
-        /// The length needed.
-        expected: usize,
-    },
+    /// What any page store may answer: an unknown pool (never created by this client, or
+    /// destroyed), a buffer that is not one page per key, a shared pool that exists with
+    /// other options (on a node, or in this client).
+    #[error(transparent)]
+    Store(#[from] StoreError),
     /// Shared persistent pools are not replicated (private ones keep two copies): losing
     /// the node would lose pages. They are created only when the cluster has exactly one
     /// node.
@@ -138,13 +132,6 @@ pub enum ClusterError {
     PersistentNeedsOneNode {
         /// Live nodes in the cluster.
         nodes: usize,
-    },
-    /// A shared pool with this UUID exists (on a node, or in this client) with other
-    /// options.
-    #[error("shared pool {uuid:#034x} exists with different options")]
-    SharedPoolMismatch {
-        /// The UUID presented.
-        uuid: u128,
     },
     /// The node holding a persistent pool died or restarted: the pool and its pages are
     /// gone.
@@ -163,12 +150,10 @@ pub enum ClusterError {
 impl From<ClusterError> for StoreError {
     fn from(err: ClusterError) -> StoreError {
         match err {
-            ClusterError::UnknownPool(pool) => StoreError::UnknownPool(pool),
-            ClusterError::BadLength { got, expected } => StoreError::BadLength { got, expected },
+            ClusterError::Store(err) => err,
             ClusterError::PersistentNeedsOneNode { .. } => {
                 StoreError::InvalidSpec("shared persistent pools need a one-node cluster")
             }
-            ClusterError::SharedPoolMismatch { uuid } => StoreError::SharedPoolMismatch { uuid },
             ClusterError::Node(err) => err.into(),
             other @ (ClusterError::NoNodeReachable(_)
             | ClusterError::PoolLost(_)

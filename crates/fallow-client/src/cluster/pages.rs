@@ -32,7 +32,7 @@ use fallow_core::{
 use super::client::ClusterClient;
 use super::dedup::{prefer_holders, Digest};
 use super::placement::{key_hash, owner, top_two, Candidate};
-use super::summary::Slot;
+use super::summary::{Slot, Summary};
 use super::view::{Kind, LogicalPool, NodeLink, View};
 use super::ClusterError;
 use tokio::sync::RwLockReadGuard;
@@ -90,7 +90,7 @@ impl<'a> Router<'a> {
     }
 
     fn pool(&self, id: PoolId) -> Result<&'a LogicalPool, ClusterError> {
-        self.view.pools.get(&id).ok_or(ClusterError::UnknownPool(id))
+        self.view.pools.get(&id).ok_or(ClusterError::Store(StoreError::UnknownPool(id)))
     }
 
     fn cache(&mut self, id: PoolId, pool: &LogicalPool) {
@@ -153,6 +153,124 @@ impl<'a> Router<'a> {
         let node = self.view.node(slot).ok_or(ClusterError::PoolLost(id))?;
         Ok((node.link.clone(), *pool.on.get(&slot).ok_or(ClusterError::PoolLost(id))?))
     }
+
+    /// Where `key` goes for `op`, by its pool's kind, and what the summary learns of it:
+    /// the one place that knows how each kind of pool is placed.
+    ///
+    /// | kind | put | get / take | invalidate |
+    /// |---|---|---|---|
+    /// | persistent | its node | its node | its node |
+    /// | replicated | its two best nodes; older copies elsewhere dropped | a holder (the other, should it fail) | both holders |
+    /// | private | its owner, or a node with its content; an older copy dropped | the node the summary names (none: a miss, no request) | that node |
+    /// | shared | its owner; every other holder dropped | its owner | every holder |
+    fn route(
+        &mut self,
+        summary: &mut Summary,
+        key: &PageKey,
+        op: RouteOp,
+    ) -> Result<KeyRoute, ClusterError> {
+        let view = self.view;
+        let pool = self.pool(key.pool)?;
+        let kind = pool.kind();
+        let mut out =
+            KeyRoute { kind, send: Vec::new(), drop: Vec::new(), other: None, holders: None };
+        match (kind, op) {
+            (Kind::Persistent, _) => out.send.push(self.home(key.pool, pool)?),
+            (Kind::Replicated, RouteOp::Put(digest)) => {
+                let targets = match self.owners(key, pool, digest) {
+                    [Some(a), Some(b)] => {
+                        view.route(pool, a).zip(view.route(pool, b)).map(|r| ([a, b], r))
+                    }
+                    _ => None,
+                };
+                // The older copies go, unless the new ones overwrite them: a put that is
+                // refused leaves no older page behind.
+                let old = summary.remove_copies(key).unwrap_or_default();
+                for slot in old.into_iter().filter(|&s| s != 0) {
+                    if !targets.as_ref().is_some_and(|(t, _)| t.contains(&slot)) {
+                        out.drop.extend(view.route(pool, slot));
+                    }
+                }
+                if let Some((holders, (a, b))) = targets {
+                    out.send.extend([a, b]);
+                    out.holders = Some(holders);
+                }
+            }
+            (Kind::Replicated, RouteOp::Get | RouteOp::Take) => {
+                let holders = match op {
+                    RouteOp::Take => summary.remove_copies(key),
+                    _ => summary.copies(key),
+                };
+                // Not in the summary: this client never put it (or it was refused, taken
+                // or invalidated): a miss, no request.
+                let Some(holders) = holders else { return Ok(out) };
+                let mut routes =
+                    holders.into_iter().filter(|&s| s != 0).filter_map(|s| view.route(pool, s));
+                out.send.push(routes.next().ok_or(ClusterError::CopiesLost(*key))?);
+                out.other = routes.next();
+            }
+            (Kind::Replicated, RouteOp::Invalidate) => {
+                let holders = summary.remove_copies(key).unwrap_or_default();
+                let routes = holders.into_iter().filter(|&s| s != 0);
+                out.send.extend(routes.filter_map(|s| view.route(pool, s)));
+            }
+            (Kind::Private, RouteOp::Put(digest)) => {
+                let owner = self.owner(key, pool);
+                let target = self.holder(key.pool, pool, owner, digest);
+                let old = summary.remove(key).filter(|old| Some(*old) != target);
+                out.drop.extend(old.and_then(|old| view.route(pool, old)));
+                out.send.extend(target.and_then(|t| view.route(pool, t)));
+            }
+            // Not in the summary: this client never put it, or saw it leave. A take (and
+            // an invalidation) forgets it now: hit or miss, the page leaves the node.
+            (Kind::Private, RouteOp::Get) => {
+                out.send.extend(summary.get(key).and_then(|slot| view.route(pool, slot)));
+            }
+            (Kind::Private, RouteOp::Take | RouteOp::Invalidate) => {
+                out.send.extend(summary.remove(key).and_then(|slot| view.route(pool, slot)));
+            }
+            (Kind::Shared, RouteOp::Put(_)) => {
+                let target = self.owner(key, pool);
+                for route in self.holders(key.pool, pool) {
+                    match Some(route.0.slot) == target {
+                        true => out.send.push(route.clone()),
+                        false => out.drop.push(route.clone()),
+                    }
+                }
+            }
+            (Kind::Shared, RouteOp::Get | RouteOp::Take) => {
+                out.send.extend(self.owner(key, pool).and_then(|s| view.route(pool, s)));
+            }
+            (Kind::Shared, RouteOp::Invalidate) => {
+                out.send.extend(self.holders(key.pool, pool).iter().cloned());
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The operation a key is routed for.
+#[derive(Debug, Clone, Copy)]
+enum RouteOp {
+    /// A put, with the page's content digest when content-aware placement is on.
+    Put(Option<Digest>),
+    Get,
+    Take,
+    Invalidate,
+}
+
+/// Where one key goes ([`Router::route`]).
+struct KeyRoute {
+    /// Its pool's kind.
+    kind: Kind,
+    /// The nodes the operation goes to (for a read, the first copy).
+    send: Vec<Route>,
+    /// Nodes whose older copy a put removes.
+    drop: Vec<Route>,
+    /// A read's other copy, if the first fails (replicated pools).
+    other: Option<Route>,
+    /// A replicated put's two holders.
+    holders: Option<[Slot; 2]>,
 }
 
 impl ClusterClient {
@@ -183,7 +301,7 @@ impl ClusterClient {
         keys: &[PageKey],
         pages: Bytes,
     ) -> Result<Vec<PutOutcome>, ClusterError> {
-        check_batch(keys.len(), pages.len()).map_err(|_| ClusterError::BadLength {
+        check_batch(keys.len(), pages.len()).map_err(|_| StoreError::BadLength {
             got: pages.len(),
             expected: keys.len() * PAGE_SIZE,
         })?;
@@ -199,57 +317,12 @@ impl ClusterClient {
             let mut summary = inner.summary.lock();
             let mut router = Router::new(&view);
             for (i, key) in keys.iter().enumerate() {
-                let pool = router.pool(key.pool)?;
-                match pool.kind() {
-                    Kind::Persistent => {
-                        puts.add(&router.home(key.pool, pool)?, Kind::Persistent, i, key)
-                    }
-                    Kind::Replicated => {
-                        let digest = digests.get(i).copied().flatten();
-                        let targets = match router.owners(key, pool, digest) {
-                            [Some(a), Some(b)] => {
-                                view.route(pool, a).zip(view.route(pool, b)).map(|r| ([a, b], r))
-                            }
-                            _ => None,
-                        };
-                        // The older copies go, unless the new ones overwrite them: a put
-                        // that is refused leaves no older page behind.
-                        let old = summary.remove_copies(key).unwrap_or_default();
-                        for slot in old.into_iter().filter(|&s| s != 0) {
-                            if targets.as_ref().is_some_and(|(t, _)| t.contains(&slot)) {
-                                continue;
-                            }
-                            if let Some(route) = view.route(pool, slot) {
-                                drops.add(&route, Kind::Replicated, i, key);
-                            }
-                        }
-                        if let Some((holders, (a, b))) = targets {
-                            puts.add(&a, Kind::Replicated, i, key);
-                            puts.add(&b, Kind::Replicated, i, key);
-                            replicas.insert(i, Replica { holders, ..Replica::default() });
-                        }
-                    }
-                    Kind::Private => {
-                        let owner = router.owner(key, pool);
-                        let digest = digests.get(i).copied().flatten();
-                        let target = router.holder(key.pool, pool, owner, digest);
-                        let old = summary.remove(key).filter(|old| Some(*old) != target);
-                        if let Some(route) = old.and_then(|old| view.route(pool, old)) {
-                            drops.add(&route, Kind::Private, i, key);
-                        }
-                        if let Some(route) = target.and_then(|t| view.route(pool, t)) {
-                            puts.add(&route, Kind::Private, i, key);
-                        }
-                    }
-                    Kind::Shared => {
-                        let target = router.owner(key, pool);
-                        for route in router.holders(key.pool, pool) {
-                            match Some(route.0.slot) == target {
-                                true => puts.add(route, Kind::Shared, i, key),
-                                false => drops.add(route, Kind::Shared, i, key),
-                            }
-                        }
-                    }
+                let digest = digests.get(i).copied().flatten();
+                let route = router.route(&mut summary, key, RouteOp::Put(digest))?;
+                route.send.iter().for_each(|to| puts.add(to, route.kind, i, key));
+                route.drop.iter().for_each(|to| drops.add(to, route.kind, i, key));
+                if let Some(holders) = route.holders {
+                    replicas.insert(i, Replica { holders, ..Replica::default() });
                 }
             }
         }
@@ -367,40 +440,17 @@ impl ClusterClient {
             let view = inner.view.read();
             let mut summary = inner.summary.lock();
             let mut router = Router::new(&view);
+            let op = match read {
+                Read::Get => RouteOp::Get,
+                Read::Take => RouteOp::Take,
+            };
             for (i, key) in keys.iter().enumerate() {
-                let pool = router.pool(key.pool)?;
-                let kind = pool.kind();
-                let route = match kind {
-                    Kind::Persistent => Some(router.home(key.pool, pool)?),
-                    // Not in the summary: this client never put it (or it was refused,
-                    // taken or invalidated): a miss, no request.
-                    Kind::Replicated => {
-                        let holders = match read {
-                            Read::Get => summary.copies(key),
-                            Read::Take => summary.remove_copies(key),
-                        };
-                        let Some(holders) = holders else { continue };
-                        let mut routes = holders
-                            .into_iter()
-                            .filter(|&s| s != 0)
-                            .filter_map(|s| view.route(pool, s));
-                        let first = routes.next().ok_or(ClusterError::CopiesLost(*key))?;
-                        if let Some(second) = routes.next() {
-                            other.insert(i, second);
-                        }
-                        Some(first)
-                    }
-                    // Not in the summary: this client never put it, or saw it leave. A
-                    // take forgets it now: hit or miss, the page leaves the node.
-                    Kind::Private => match read {
-                        Read::Get => summary.get(key),
-                        Read::Take => summary.remove(key),
-                    }
-                    .and_then(|slot| view.route(pool, slot)),
-                    Kind::Shared => router.owner(key, pool).and_then(|s| view.route(pool, s)),
-                };
-                if let Some(route) = route {
-                    parts.add(&route, kind, i, key);
+                let route = router.route(&mut summary, key, op)?;
+                if let Some(first) = route.send.first() {
+                    parts.add(first, route.kind, i, key);
+                }
+                if let Some(second) = route.other {
+                    other.insert(i, second);
                 }
             }
         }
@@ -496,30 +546,8 @@ impl ClusterClient {
             let mut summary = inner.summary.lock();
             let mut router = Router::new(&view);
             for (i, key) in keys.iter().enumerate() {
-                let pool = router.pool(key.pool)?;
-                match pool.kind() {
-                    Kind::Persistent => {
-                        parts.add(&router.home(key.pool, pool)?, Kind::Persistent, i, key)
-                    }
-                    Kind::Replicated => {
-                        let holders = summary.remove_copies(key).unwrap_or_default();
-                        for slot in holders.into_iter().filter(|&s| s != 0) {
-                            if let Some(route) = view.route(pool, slot) {
-                                parts.add(&route, Kind::Replicated, i, key);
-                            }
-                        }
-                    }
-                    Kind::Private => {
-                        if let Some(route) = summary.remove(key).and_then(|s| view.route(pool, s)) {
-                            parts.add(&route, Kind::Private, i, key);
-                        }
-                    }
-                    Kind::Shared => {
-                        for route in router.holders(key.pool, pool) {
-                            parts.add(route, Kind::Shared, i, key);
-                        }
-                    }
-                }
+                let route = router.route(&mut summary, key, RouteOp::Invalidate)?;
+                route.send.iter().for_each(|to| parts.add(to, route.kind, i, key));
             }
         }
         let requests = parts.0.iter().map(|p| p.link.client.invalidate_pages(&p.keys));
