@@ -35,7 +35,8 @@ wait_listening() {
 }
 
 # The rest is for the scripts that build fallow, write raw results to bench/out and a section
-# into BENCHMARKS.md (cluster.sh, node_vs_memcached.sh). Nothing below runs when sourced.
+# into docs/benchmarks-runs.md (cluster.sh, node_vs_memcached.sh) or BENCHMARKS.md (vm.sh).
+# Sourcing it runs nothing below but the assignment of `runs_doc`.
 
 # A numbered step of the run, on stderr.
 step() { printf '\n==> [%s] %s\n' "$(date +%T)" "$*" >&2; }
@@ -93,26 +94,22 @@ run_rows() {
     echo "| command | \`$2\` |"
 }
 
-# write_section FILE NAME [WITHIN]: puts FILE, a section between the markers
-# "<!-- NAME:start -->" and "<!-- NAME:end -->", into BENCHMARKS.md in place of the one
-# between the same markers. Where there is none yet, it goes at the end of the section
-# WITHIN (before "<!-- WITHIN:end -->"; an error if BENCHMARKS.md has none), or without
-# WITHIN, at the end of the file.
+# The full tables of the benchmark scripts' latest runs; BENCHMARKS.md summarises them.
+runs_doc=docs/benchmarks-runs.md
+
+# write_section FILE NAME [DOC]: puts FILE, a section between the markers
+# "<!-- NAME:start -->" and "<!-- NAME:end -->", into DOC (default BENCHMARKS.md; the scripts
+# whose full tables live in docs/benchmarks-runs.md pass "$runs_doc") in place of the one
+# between the same markers. Where there is none yet, it goes at the end of DOC.
 write_section() {
-    python3 - "$1" "$2" "${3:-}" <<'PY'
+    python3 - "$1" "$2" "${3:-BENCHMARKS.md}" <<'PY'
 import re, sys
 section = open(sys.argv[1]).read().rstrip("\n")
-name, within = sys.argv[2], sys.argv[3]
-path = "BENCHMARKS.md"
+name, path = sys.argv[2], sys.argv[3]
 text = open(path).read()
 pattern = re.compile(re.escape(f"<!-- {name}:start -->") + ".*?" + re.escape(f"<!-- {name}:end -->"), re.S)
 if pattern.search(text):
     text = pattern.sub(lambda _: section, text)
-elif within:
-    end = f"<!-- {within}:end -->"
-    if end not in text:
-        sys.exit(f"BENCHMARKS.md has no {within} section")
-    text = text.replace(end, "\n" + section + "\n" + end, 1)
 else:
     text = text.rstrip("\n") + "\n\n" + section + "\n"
 open(path, "w").write(text)

@@ -52,7 +52,7 @@ pub(crate) fn encode(members: &[MemberInfo], buf: &mut BytesMut) {
     let members = members.iter().take(MAX_MEMBERS);
     buf.put_u16_le(members.len() as u16);
     for m in members {
-        let id = super::reply::truncate_utf8(&m.id, u8::MAX as usize);
+        let id = super::wire::truncate_utf8(&m.id, u8::MAX as usize);
         buf.put_u8(m.state as u8);
         buf.put_u8(if m.local { FLAG_LOCAL } else { 0 });
         let (family, ip) = match m.addr.ip() {

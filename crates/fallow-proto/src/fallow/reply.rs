@@ -10,7 +10,7 @@ use fallow_core::{HashPutOutcome, NotStored, PoolId, PutOutcome, PAGE_SIZE};
 
 use super::frame::{Frame, FrameWriter};
 use super::members::{self, MemberInfo};
-use super::wire::{BodyError, Reader};
+use super::wire::{truncate_utf8, BodyError, Reader};
 use super::{Op, Status, MAX_BATCH, MAX_MESSAGE_LEN, SUMMARY_CHUNK};
 
 /// The node's answer to HELLO.
@@ -351,18 +351,6 @@ fn page_outcome(outcome: HashPutOutcome) -> PutOutcome {
         HashPutOutcome::NotStored(why) => PutOutcome::NotStored(why),
         HashPutOutcome::NotHeld => PutOutcome::NotStored(NotStored::Full),
     }
-}
-
-/// The longest prefix of `s` that fits in `max` bytes and ends on a character boundary.
-pub(super) fn truncate_utf8(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
 }
 
 /// Appends an error reply to a request whose op code may be unknown (so it cannot be an

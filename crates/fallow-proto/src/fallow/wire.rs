@@ -1,5 +1,6 @@
 //! Reading the fixed-width little-endian fields of a body, with errors that say which
-//! field was missing, so a malformed request gets a precise reply instead of a panic.
+//! field was missing, so a malformed request gets a precise reply instead of a panic; and
+//! cutting a string to the width of its length field.
 
 use bytes::Bytes;
 
@@ -107,4 +108,16 @@ impl Reader {
             extra => Err(BodyError::Trailing(extra)),
         }
     }
+}
+
+/// The longest prefix of `s` that fits in `max` bytes and ends on a character boundary.
+pub(super) fn truncate_utf8(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
