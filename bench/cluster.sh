@@ -19,7 +19,7 @@
 #   --rounds N     rounds of each measurement (default 3; medians are reported)
 #   --duration D   measured time of each throughput run (default 2s)
 #   --quick        1 round, 1 s runs, smaller key spaces: a smoke run, not numbers to publish
-#   --write        put the tables between the cluster-bench markers of BENCHMARKS.md
+#   --write        put the tables between the cluster-bench markers of docs/benchmarks-runs.md
 #   --parts LIST   which of the three parts to run (default "1 2 3")
 #
 # FALLOW_BIN=PATH uses that binary instead of building target/release/fallow.
@@ -324,13 +324,14 @@ section="$prefix.md"
     echo "$machine"
     echo "| load average at end | $load_end |"
     echo
-    python3 bench/cluster_table.py "$results" --plot docs/img/cluster-kill-latency.png
+    # The section lives in docs/, so its link to the plot is relative to docs/.
+    python3 bench/cluster_table.py "$results" --plot docs/img/cluster-kill-latency.png |
+        sed 's|](docs/img/|](img/|'
     echo "<!-- cluster-bench:end -->"
 } >"$section"
 cat "$section"
 
 if ((write)); then
-    # A first run puts it inside the cluster-client section, at its end.
-    write_section "$section" cluster-bench cluster-client
-    echo "wrote the tables into BENCHMARKS.md" >&2
+    write_section "$section" cluster-bench "$runs_doc"
+    echo "wrote the tables into $runs_doc" >&2
 fi

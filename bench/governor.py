@@ -36,6 +36,9 @@ CPU_WAIT_S = 120
 STALL_NS = 1_000_000
 MARK_START = "<!-- governor:start -->"
 MARK_END = "<!-- governor:end -->"
+# Where the section goes: the full tables of each script's latest run (BENCHMARKS.md
+# summarises them).
+RUNS_DOC = "docs/benchmarks-runs.md"
 
 
 def log(msg):
@@ -1008,7 +1011,7 @@ def section(ctx, m, gb, runs, mm, load):
 
 
 
-def write_section(text, path="BENCHMARKS.md"):
+def write_section(text, path=RUNS_DOC):
     p = Path(path)
     doc = p.read_text() if p.exists() else "# Benchmarks\n"
     pattern = re.compile(re.escape(MARK_START) + r".*?" + re.escape(MARK_END) + r"\n?", re.S)
@@ -1043,7 +1046,7 @@ def render(directory, no_write):
     print(text)
     if not no_write:
         write_section(text)
-        log("wrote the section into BENCHMARKS.md")
+        log(f"wrote the section into {RUNS_DOC}")
 
 
 def main():
@@ -1130,7 +1133,7 @@ def main():
         print(text)
         if not args.no_write and not args.quick:
             write_section(text)
-            log("wrote the section into BENCHMARKS.md")
+            log(f"wrote the section into {RUNS_DOC}")
     finally:
         PROCS.stop_all()
 

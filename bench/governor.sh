@@ -21,7 +21,8 @@
 #      batched, with and without a busy sibling thread (bench/munmap_cost.rs);
 #
 # and writes the results, the machine, the commit and this command between the
-# `<!-- governor:start -->` / `<!-- governor:end -->` markers of BENCHMARKS.md.
+# `<!-- governor:start -->` / `<!-- governor:end -->` markers of docs/benchmarks-runs.md
+# (BENCHMARKS.md summarises them).
 #
 # Usage: bash bench/governor.sh [--rounds N] [--runs N] [--lend-gib G] [--fill-gib G]
 #                               [--hog-gib G] [--slow-gib G] [--quick] [--no-write]
@@ -33,7 +34,7 @@
 #                  node must give back ~1.1 GiB of its 1.25)
 #   --slow-gib G   the slowdown hog's X, plus the per-CPU free lists (default: --lend-gib)
 #   --quick        small sizes and 2 runs: a smoke run, not numbers to publish
-#   --no-write     print the section, leave BENCHMARKS.md alone
+#   --no-write     print the section, leave docs/benchmarks-runs.md alone
 #   --kinds K      give-back scenarios, step,follow (default both)
 #   --skip giveback|slowdown   leave a part out (repeatable)
 #   --governor-nice N          an experiment: renice the node's governor thread to N

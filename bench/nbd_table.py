@@ -4,7 +4,7 @@
     nbd_table.py record FIO.json [--metrics BEFORE AFTER] [--field K=V ...]   one JSON line
     nbd_table.py brief < LINE                                                one line of progress
     nbd_table.py table RESULTS.jsonl META.json                               the markdown section
-    nbd_table.py write-section SECTION.md BENCHMARKS.md                       put it between the markers
+    nbd_table.py write-section SECTION.md DOC                                put it between the markers of DOC
 
 `table` can be rerun on the .jsonl and .meta.json files a run left in bench/out/.
 """
@@ -365,7 +365,8 @@ def table(results_path, meta_path):
         p(f"| no cache: ≥ 0.98 × the store alone | {txt} | "
           f"{yes(all(x >= 0.98 for *_, x in empty))} |")
     p("")
-    p("![IOPS against working-set size](docs/img/nbd-iops-vs-working-set.png)")
+    # The section lives in docs/benchmarks-runs.md: the link is relative to docs/.
+    p("![IOPS against working-set size](img/nbd-iops-vs-working-set.png)")
     p("")
     p("The plot: fallow over the 1 ms store at QD 16, median IOPS against the working-set size "
       f"(1/4 to 4 × its {meta['cache_mib']} MiB cache), each point labelled with its hit ratio; "

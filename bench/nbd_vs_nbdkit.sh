@@ -13,7 +13,8 @@
 # Every server listens on a free port of 127.0.0.1. The configurations of a group are run
 # one after the other, round after round (the order rotates), and every ratio is taken within
 # one round before the median over the rounds. The section goes between the nbd-vs-nbdkit
-# markers of BENCHMARKS.md, the plot to docs/img/nbd-iops-vs-working-set.png.
+# markers of docs/benchmarks-runs.md (BENCHMARKS.md summarises it), the plot to
+# docs/img/nbd-iops-vs-working-set.png.
 #
 # Usage: bash bench/nbd_vs_nbdkit.sh [--rounds N] [--runtime S] [--ramp S] [--pool SIZE]
 #                                    [--local-tier SIZE] [--quick] [--no-write] [--only LIST]
@@ -24,7 +25,7 @@
 #   --pool SIZE        fallow's in-process pool, --pool local:SIZE (default 48M)
 #   --local-tier SIZE  fallow's local tier (default 16M); the cache is pool + local tier
 #   --quick            1 round of 2 s: a smoke run, not numbers to publish
-#   --no-write         print the section, leave BENCHMARKS.md and the plot alone
+#   --no-write         print the section, leave docs/benchmarks-runs.md and the plot alone
 #   --only LIST        run only these configurations (comma-separated names, e.g.
 #                      store1,f1_empty); servers no chosen configuration needs are not started
 #   --uri-params P     appended to fallow's store URI, e.g. '?conns=2'
@@ -463,7 +464,7 @@ EOF
 python3 bench/nbd_table.py table "$results" "$meta" >"$section"
 cat "$section"
 if ((write)); then
-    python3 bench/nbd_table.py write-section "$section" BENCHMARKS.md
+    python3 bench/nbd_table.py write-section "$section" docs/benchmarks-runs.md
     if python3 -c 'import matplotlib' 2>/dev/null; then
         mkdir -p docs/img
         python3 bench/plot_nbd.py "$results" docs/img/nbd-iops-vs-working-set.png
@@ -471,6 +472,6 @@ if ((write)); then
     else
         log "no matplotlib: no plot (pip install matplotlib, then: python3 bench/plot_nbd.py $results docs/img/nbd-iops-vs-working-set.png)"
     fi
-    log "wrote the section into BENCHMARKS.md"
+    log "wrote the section into docs/benchmarks-runs.md"
 fi
 log "raw results: $results"

@@ -3,7 +3,8 @@
 # memcached (Debian package) and a fallow node on free ports of 127.0.0.1, then for every
 # configuration below runs `fallow bench pages` against each, alternating which goes first,
 # for several rounds; writes the medians and the fallow/memcached ratios, with the machine,
-# the commit and this command, between the node-vs-memcached markers of BENCHMARKS.md.
+# the commit and this command, between the node-vs-memcached markers of
+# docs/benchmarks-runs.md (BENCHMARKS.md summarises them).
 #
 # Usage: bash bench/node_vs_memcached.sh [--rounds N] [--duration D] [--keys N]
 #                                        [--threads N] [--quick] [--no-write] [--memcached-only]
@@ -12,7 +13,7 @@
 #   --keys N          key space (default 65536 = 256 MiB of pages)
 #   --threads N       load-generator threads (default 1)
 #   --quick           1 round of 1 s: a smoke run, not numbers to publish
-#   --no-write        print the section, leave BENCHMARKS.md alone
+#   --no-write        print the section, leave docs/benchmarks-runs.md alone
 #   --memcached-only  do not start a node (memcached figures only)
 #
 # FALLOW_BIN=PATH uses that binary instead of building target/release/fallow (for checking
@@ -205,6 +206,6 @@ mv "$section.full" "$section"
 cat "$section"
 
 if ((write)); then
-    write_section "$section" node-vs-memcached
-    echo "wrote the section into BENCHMARKS.md" >&2
+    write_section "$section" node-vs-memcached "$runs_doc"
+    echo "wrote the section into $runs_doc" >&2
 fi
