@@ -572,7 +572,9 @@ def ceph_cluster(work):
     """A one-monitor, one-OSD cluster (tests/ceph/ceph-up.sh, BlueStore on a sparse file);
     returns its directory and configuration file."""
     cdir = os.path.join(work, "ceph")
-    env = dict(os.environ, STORE="bluestore", POOL="vm", MON_PORT=str(free_port()))
+    # Every configuration of every round writes an image of its own: 16 GiB, sparse.
+    env = dict(os.environ, STORE="bluestore", POOL="vm", MON_PORT=str(free_port()),
+               BLOCK_BYTES=str(16 << 30))
     subprocess.run(["bash", os.path.join(ROOT, "tests/ceph/ceph-up.sh"), cdir], check=True,
                    env=env, stdout=sys.stderr)
     return cdir, os.path.join(cdir, "ceph.conf")
@@ -652,7 +654,15 @@ SIZES = {
 }
 
 
+def stop_on_signal(signum, _frame):
+    """SIGTERM and SIGINT unwind like an error, so that every Lab and the Ceph cluster
+    stop the processes they started."""
+    raise SystemExit(128 + signum)
+
+
 def main():
+    signal.signal(signal.SIGTERM, stop_on_signal)
+    signal.signal(signal.SIGINT, stop_on_signal)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
                         help="every experiment at a small size, one round (~15 minutes)")

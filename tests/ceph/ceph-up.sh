@@ -6,8 +6,9 @@
 # Usage: ceph-up.sh DIR
 # Environment:
 #   MON_PORT   msgr2 port of the monitor (the legacy v1 port is MON_PORT+1)   [3300]
-#   STORE      memstore (data in RAM, the fastest to start) | bluestore (a 2 GiB sparse
-#              file DIR/osd.0.block)                                         [memstore]
+#   STORE      memstore (data in RAM, the fastest to start) | bluestore (a sparse file
+#              DIR/osd.0.block of BLOCK_BYTES)                               [memstore]
+#   BLOCK_BYTES  the BlueStore file's size                                  [2147483648]
 #   AUTH       cephx (exercises the client keyring) | none                    [cephx]
 #   POOL       the pool created at the end (8 PGs, size 1)                    [cache]
 #   TIMEOUT    seconds each wait (monitor up, OSD up, first write) may take  [60]
@@ -21,6 +22,7 @@ DIR=$(realpath -m "${1:?usage: $0 DIR}")
 MON_PORT=${MON_PORT:-3300}
 V1_PORT=$((MON_PORT + 1))
 STORE=${STORE:-memstore}
+BLOCK_BYTES=${BLOCK_BYTES:-2147483648}
 AUTH=${AUTH:-cephx}
 POOL=${POOL:-cache}
 TIMEOUT=${TIMEOUT:-60}
@@ -94,7 +96,7 @@ osd objectstore = $STORE
 osd memory target = 1073741824
 bluestore block path = $DIR/osd.\$id.block
 bluestore block create = true
-bluestore block size = 2147483648
+bluestore block size = $BLOCK_BYTES
 bluestore fsck on mount = false
 memstore device bytes = 1073741824
 osd class load list = *

@@ -3,6 +3,7 @@
 //! every wait bounded by the guest's deadline. Dropping a [`Guest`] kills QEMU by its PID.
 
 use std::io::{BufRead, BufReader, Read};
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -120,6 +121,18 @@ impl Guest {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        // QEMU dies with the process that started it, even one killed with SIGKILL (whose
+        // `Drop` never runs): a guest is never left running.
+        // SAFETY: the closure runs in the child between fork and exec and only makes one
+        // system call (prctl), which is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                rustix::process::set_parent_process_death_signal(Some(
+                    rustix::process::Signal::KILL,
+                ))
+                .map_err(std::io::Error::from)
+            });
+        }
         let mut qemu = cmd.spawn().map_err(|e| {
             let _ = std::fs::remove_dir_all(&run_dir);
             GuestError::Start(format!("qemu-system-x86_64 (Debian qemu-system-x86): {e}"))
