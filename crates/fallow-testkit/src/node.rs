@@ -142,15 +142,7 @@ impl Drop for TestNode {
 
 /// A page whose bytes all derive from `seed`, so different seeds give different pages.
 pub fn page(seed: u64) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..fallow_core::PAGE_SIZE)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect()
+    crate::pages::unique_page(seed)
 }
 
 /// The keys of pages 0..n of one object.

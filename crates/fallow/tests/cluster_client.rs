@@ -66,15 +66,7 @@ async fn wait_for_members(node: &str, alive: usize) {
 
 /// Page `index` as written the `version`-th time.
 fn page(index: u64, version: u64) -> Vec<u8> {
-    let mut state = (index << 20 | version).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..PAGE_SIZE)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect()
+    fallow_testkit::pages::unique_page(index << 20 | version)
 }
 
 /// A small xorshift generator: the test needs no quality, only repeatability.
