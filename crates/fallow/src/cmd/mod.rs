@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod exports;
 pub mod nbd;
 pub mod node;
 pub mod stat;

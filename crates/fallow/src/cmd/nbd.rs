@@ -1,17 +1,15 @@
 //! `fallow nbd`: export block devices over NBD, their reads served from the page pool.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use anyhow::{bail, Context};
-use clap::{Args, ValueEnum};
-use fallow_backing::{BackingStore, FileStore, MemStore, NbdStore};
-use fallow_cache::{CacheConfig, CacheLayer, Mode, PoolTier, WritePolicy};
-use fallow_core::{AsyncPageStore, ListenAddr, PoolSpec};
+use anyhow::Context;
+use clap::Args;
+use fallow_core::ListenAddr;
 use fallow_nbd::metrics::PoolMemory;
 use fallow_nbd::{Export, NbdServer};
-use fallow_node::lending::parse_size;
-use fallow_pool::{Engine, EngineBuilder};
+use fallow_pool::Engine;
+
+use super::exports::{open_exports, ExportArgs};
 
 /// Export block devices over NBD, with reads served from the page pool.
 ///
@@ -29,205 +27,15 @@ use fallow_pool::{Engine, EngineBuilder};
 /// `qemu-img info nbd://127.0.0.1:10809/NAME`.
 #[derive(Debug, Args)]
 pub struct NbdArgs {
-    /// An export: NAME=file:PATH[,size=SIZE] | NAME=PATH | NAME=mem:SIZE | NAME=nbd://… |
-    /// NAME=rados:POOL/PREFIX[,size=SIZE][,conf=PATH][,user=NAME][,namespace=NS][,timeout=SECS].
-    /// Repeatable; the first is also the default export.
-    #[arg(long = "export", value_name = "NAME=BACKING", required = true)]
-    exports: Vec<String>,
+    #[command(flatten)]
+    exports: ExportArgs,
     /// Where to listen: HOST:PORT or unix:PATH. Repeatable [default: 127.0.0.1:10809].
     #[arg(long, value_name = "ADDR")]
     listen: Vec<ListenAddr>,
-    /// The pool behind the local tier: local:SIZE (in this process), fallow://HOST:PORT (a
-    /// node, or the cluster it is a member of), fallow://HOST:PORT,HOST:PORT,... (a
-    /// cluster, through any of these seeds), or none. In a cluster, pages are spread over
-    /// the live nodes and a node that dies costs misses, never errors.
-    #[arg(long, value_name = "POOL", default_value = "none")]
-    pool: String,
-    /// The shared secret, for a fallow:// pool.
-    #[arg(long, value_name = "FILE")]
-    secret_file: Option<PathBuf>,
-    /// Size of the local tier in this process (0 for none).
-    #[arg(long, value_name = "SIZE", default_value = "64M")]
-    local_tier: String,
-    /// exclusive: a page lives in the local tier or in the pool; inclusive: the pool keeps
-    /// a copy of what the local tier holds.
-    #[arg(long, value_enum, default_value_t = CacheMode::Exclusive)]
-    mode: CacheMode,
-    /// through: a write is acknowledged once the backing store has it. back: acknowledged
-    /// from memory; FLUSH and FUA make writes durable, and a background flusher writes
-    /// them out (see --max-dirty, --max-dirty-age). A crash loses only writes no FLUSH
-    /// covered.
-    #[arg(long, value_enum, default_value_t = WriteMode::Through)]
-    write_policy: WriteMode,
-    /// With --write-policy back: the most dirty data per export; writers wait beyond it.
-    #[arg(long, value_name = "SIZE", default_value = "64M")]
-    max_dirty: String,
-    /// With --write-policy back: the oldest dirty data may get, in milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 1000)]
-    max_dirty_age: u64,
-    /// Refuse writes on every export.
-    #[arg(long)]
-    read_only: bool,
     /// Serve Prometheus metrics at http://ADDR/metrics (requests by command, latency,
     /// cache hits per tier, backing-store reads, dirty data).
     #[arg(long, value_name = "ADDR")]
     metrics: Option<std::net::SocketAddr>,
-}
-
-/// `--write-policy`.
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum WriteMode {
-    Through,
-    Back,
-}
-
-/// `--mode`.
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum CacheMode {
-    Exclusive,
-    Inclusive,
-}
-
-/// Opens BACKING.
-async fn open_backing(spec: &str) -> anyhow::Result<Arc<dyn BackingStore>> {
-    if let Some(size) = spec.strip_prefix("mem:") {
-        let size = parse_size(size).with_context(|| format!("backing {spec:?}"))?;
-        return Ok(Arc::new(MemStore::new(size)));
-    }
-    if spec.starts_with("nbd://") || spec.starts_with("nbd+unix://") {
-        return Ok(Arc::new(NbdStore::connect(spec).await?));
-    }
-    if let Some(rest) = spec.strip_prefix("rados:") {
-        return open_rados(spec, rest).await;
-    }
-    let rest = spec.strip_prefix("file:").unwrap_or(spec);
-    let (path, size) = match rest.split_once(",size=") {
-        Some((path, size)) => {
-            (path, Some(parse_size(size).with_context(|| format!("backing {spec:?}"))?))
-        }
-        None => (rest, None),
-    };
-    if path.is_empty() {
-        bail!("backing {spec:?}: no path");
-    }
-    let path = PathBuf::from(path);
-    let store = match size {
-        Some(size) => FileStore::open_or_create(&path, size)?,
-        None => FileStore::open(&path, false)?,
-    };
-    Ok(Arc::new(store))
-}
-
-/// Opens `rados:REST`: connects to the cluster and opens (or, with `size=`, creates) the
-/// image.
-#[cfg(feature = "rados")]
-async fn open_rados(spec: &str, rest: &str) -> anyhow::Result<Arc<dyn BackingStore>> {
-    let (config, size) = parse_rados(rest).with_context(|| format!("backing {spec:?}"))?;
-    let store = fallow_backing::RadosStore::open(&config, size)
-        .await
-        .with_context(|| format!("backing {spec:?}"))?;
-    Ok(Arc::new(store))
-}
-
-/// Without the `rados` feature there is no RADOS store to open.
-#[cfg(not(feature = "rados"))]
-async fn open_rados(spec: &str, _rest: &str) -> anyhow::Result<Arc<dyn BackingStore>> {
-    bail!(
-        "backing {spec:?}: this fallow was built without RADOS support (cargo feature \
-         `rados`, which needs librados-dev to build)"
-    )
-}
-
-/// `POOL/PREFIX[,size=SIZE][,conf=PATH][,user=NAME][,namespace=NS][,timeout=SECS]`: where the image is,
-/// and the size to create it with if it is missing.
-#[cfg(feature = "rados")]
-fn parse_rados(rest: &str) -> anyhow::Result<(fallow_backing::RadosConfig, Option<u64>)> {
-    const FORM: &str =
-        "rados:POOL/PREFIX[,size=SIZE][,conf=PATH][,user=NAME][,namespace=NS][,timeout=SECS]";
-    let mut parts = rest.split(',');
-    let location = parts.next().unwrap_or_default();
-    let Some((pool, prefix)) =
-        location.split_once('/').filter(|(p, x)| !p.is_empty() && !x.is_empty())
-    else {
-        bail!("expected {FORM}");
-    };
-    // librados' own default: $CEPH_CONF, then /etc/ceph/ceph.conf.
-    let conf = std::env::var_os("CEPH_CONF")
-        .filter(|c| !c.is_empty())
-        .map_or_else(|| PathBuf::from(fallow_backing::rados::DEFAULT_CONF), PathBuf::from);
-    let mut config = fallow_backing::RadosConfig::new(pool, prefix).conf(conf);
-    let mut size = None;
-    for part in parts {
-        match part.split_once('=') {
-            Some(("size", v)) => size = Some(parse_size(v).with_context(|| format!("size={v}"))?),
-            Some(("conf", v)) if !v.is_empty() => config = config.conf(v),
-            Some(("user", v)) if !v.is_empty() => config = config.user(v),
-            Some(("namespace", v)) if !v.is_empty() => config = config.namespace(v),
-            Some(("timeout", v)) => {
-                let secs = v.parse::<f64>().ok().filter(|s| s.is_finite() && *s > 0.0);
-                let secs = secs.with_context(|| format!("timeout={v}: give seconds, e.g. 10"))?;
-                config = config.connect_timeout(std::time::Duration::from_secs_f64(secs));
-            }
-            _ => bail!("unknown or empty option {part:?}; expected {FORM}"),
-        }
-    }
-    Ok((config, size))
-}
-
-/// The pool behind the exports: its store, the pool made in it, and the engine itself when
-/// it runs in this process (for its memory gauges).
-struct OpenedPool {
-    store: Arc<dyn AsyncPageStore>,
-    pool: fallow_core::PoolId,
-    engine: Option<Arc<Engine>>,
-}
-
-async fn open_pool(args: &NbdArgs) -> anyhow::Result<Option<OpenedPool>> {
-    let mut engine = None;
-    let store: Arc<dyn AsyncPageStore> = if args.pool == "none" {
-        return Ok(None);
-    } else if let Some(size) = args.pool.strip_prefix("local:") {
-        let budget = parse_size(size).with_context(|| format!("--pool {}", args.pool))?;
-        let config = EngineBuilder::new(usize::try_from(budget).unwrap_or(usize::MAX)).build()?;
-        let local = Arc::new(Engine::new(config));
-        engine = Some(local.clone());
-        local
-    } else if args.pool.starts_with("fallow://") {
-        let Some(secret_file) = &args.secret_file else {
-            bail!("--pool {} needs --secret-file", args.pool);
-        };
-        let secret = fallow_node::config::read_secret(secret_file).map_err(anyhow::Error::msg)?;
-        open_remote(&args.pool, secret).await.with_context(|| format!("pool {}", args.pool))?
-    } else {
-        bail!(
-            "--pool {:?}: expected none, local:SIZE, fallow://HOST:PORT or fallow://A,B,...",
-            args.pool
-        );
-    };
-    let pool = store.create_pool(&PoolSpec::ephemeral()).await?;
-    Ok(Some(OpenedPool { store, pool, engine }))
-}
-
-/// Connects to `fallow://…`: a cluster client for a list of seeds, or for one node that
-/// gossips with live peers; a plain client for a node alone.
-async fn open_remote(pool: &str, secret: Vec<u8>) -> anyhow::Result<Arc<dyn AsyncPageStore>> {
-    use fallow_client::{Client, ClientConfig, ClusterClient, ClusterClientConfig, MemberState};
-    if !pool.contains(',') {
-        let config = ClientConfig::new(pool, secret.clone())?.name("fallow-nbd").connections(2);
-        let client = Client::connect(config).await?;
-        // A node too old to know MEMBERS, or one that does not gossip, is used alone.
-        let members = client.members().await.unwrap_or_default();
-        let live = members.iter().filter(|m| m.state != MemberState::Dead).count();
-        if live <= 1 {
-            tracing::info!(node = pool, "caching in one node");
-            return Ok(Arc::new(client));
-        }
-    }
-    let config =
-        ClusterClientConfig::new(pool, secret)?.per_node(|c| c.name("fallow-nbd").connections(2));
-    let cluster = ClusterClient::connect(config).await?;
-    tracing::info!(nodes = cluster.nodes().len(), "caching in a cluster");
-    Ok(Arc::new(cluster))
 }
 
 /// Lets the server's metrics (and so `fallow stat --nbd`) show the memory of a pool engine
@@ -244,33 +52,6 @@ pub(crate) fn export_engine_memory(server: &NbdServer, engine: Arc<Engine>) {
 
 /// Runs the NBD server until SIGTERM or SIGINT.
 pub fn run(args: NbdArgs) -> anyhow::Result<()> {
-    let local_bytes = parse_size(&args.local_tier)
-        .with_context(|| format!("--local-tier {}", args.local_tier))?;
-    let local_pages = (local_bytes / fallow_core::PAGE_SIZE as u64) as usize;
-    let mode = match args.mode {
-        CacheMode::Exclusive => Mode::Exclusive,
-        CacheMode::Inclusive => Mode::Inclusive,
-    };
-    let write = match args.write_policy {
-        WriteMode::Through => WritePolicy::Through,
-        WriteMode::Back => WritePolicy::Back {
-            max_dirty_bytes: parse_size(&args.max_dirty)
-                .with_context(|| format!("--max-dirty {}", args.max_dirty))?,
-            max_age: std::time::Duration::from_millis(args.max_dirty_age.max(1)),
-        },
-    };
-    let mut specs: Vec<(String, String)> = Vec::new();
-    for (i, spec) in args.exports.iter().enumerate() {
-        let Some((name, backing)) = spec.split_once('=') else {
-            bail!("--export {spec:?}: expected NAME=BACKING");
-        };
-        if name.is_empty()
-            || args.exports[..i].iter().any(|e| e.split_once('=').map(|(n, _)| n) == Some(name))
-        {
-            bail!("--export {spec:?}: export names must be non-empty and distinct");
-        }
-        specs.push((name.to_string(), backing.to_string()));
-    }
     let listen = if args.listen.is_empty() {
         vec!["127.0.0.1:10809".parse().expect("the default address parses")]
     } else {
@@ -282,32 +63,21 @@ pub fn run(args: NbdArgs) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async move {
-        let mut backings = Vec::new();
-        for (name, spec) in specs {
-            let backing = open_backing(&spec).await?;
-            backings.push((name, spec, backing));
-        }
-        let pool = open_pool(&args).await?;
-        let mut exports = Vec::new();
-        for (object, (name, spec, backing)) in backings.into_iter().enumerate() {
-            let tier = pool.as_ref().map(|opened| PoolTier {
-                store: opened.store.clone(),
-                pool: opened.pool,
-                object: object as u64,
-            });
-            let config = CacheConfig { local_pages, mode, write, ..CacheConfig::default() };
-            let cache = CacheLayer::new(backing, tier, config);
-            tracing::info!(export = %name, backing = %spec, size = cache.size(), "export ready");
-            exports.push(Arc::new(Export {
-                name,
-                description: spec,
-                cache,
-                read_only: args.read_only,
-            }));
-        }
-        let names: Vec<String> = exports.iter().map(|e| e.name.clone()).collect();
+        let (opened, engine) = open_exports(&args.exports).await?;
+        let names: Vec<String> = opened.iter().map(|e| e.name.clone()).collect();
+        let exports = opened
+            .into_iter()
+            .map(|e| {
+                Arc::new(Export {
+                    name: e.name,
+                    description: e.spec,
+                    cache: e.cache,
+                    read_only: args.exports.read_only,
+                })
+            })
+            .collect();
         let server = NbdServer::start(&listen, exports, args.metrics).await?;
-        if let Some(engine) = pool.and_then(|opened| opened.engine) {
+        if let Some(engine) = engine {
             export_engine_memory(&server, engine);
         }
         for addr in server.local_addrs() {
@@ -324,32 +94,4 @@ pub fn run(args: NbdArgs) -> anyhow::Result<()> {
         server.shutdown().await;
         Ok(())
     })
-}
-
-#[cfg(all(test, feature = "rados"))]
-mod tests {
-    use super::*;
-    use fallow_backing::RadosConfig;
-
-    #[test]
-    fn rados_specs_parse_and_bad_ones_say_the_form() {
-        let (config, size) =
-            parse_rados("cache/img,size=64M,conf=/c.conf,user=client.bob,namespace=t,timeout=2.5")
-                .unwrap();
-        let want = RadosConfig::new("cache", "img")
-            .conf("/c.conf")
-            .user("bob")
-            .namespace("t")
-            .connect_timeout(std::time::Duration::from_millis(2500));
-        assert_eq!((config, size), (want, Some(64 << 20)));
-        let (config, size) = parse_rados("p/dir/img").unwrap();
-        assert_eq!(config.image(), "rados:p/dir/img");
-        assert_eq!(size, None);
-        let bad = ["cache", "/img", "cache/", "cache/img,size=lots", "cache/img,color=red"];
-        for bad in bad.into_iter().chain(["cache/img,timeout=0", "cache/img,timeout=soon"]) {
-            let err = format!("{:#}", parse_rados(bad).unwrap_err());
-            let named = ["size=", "POOL/PREFIX", "timeout="].iter().any(|w| err.contains(w));
-            assert!(named, "{bad}: {err}");
-        }
-    }
 }
