@@ -4,12 +4,15 @@
 //!
 //! # Components
 //! [`Listener`]: one bound socket. [`spawn_accept_loop`]: its accept loop.
-//! [`serve_metrics`]: a Prometheus `/metrics` endpoint.
+//! [`serve_metrics`]: a Prometheus `/metrics` endpoint. [`cpus::CpuList`]: the CPUs a
+//! polling server pins its threads to.
 
 // Bytes from the network or a disk never panic the process (STYLE.md rule 7): no unwrap,
 // expect or unchecked indexing outside tests; an index that holds by construction says
 // why, in an `expect` on its function.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing))]
+
+pub mod cpus;
 
 use std::future::Future;
 use std::io;

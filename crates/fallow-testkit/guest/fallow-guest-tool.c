@@ -5,6 +5,8 @@
  *   fallow-guest-tool write  DEV FIRST COUNT SEED [SYNC_EVERY]
  *   fallow-guest-tool verify DEV FIRST COUNT SEED
  *   fallow-guest-tool memhog MIB SEED [ROUNDS]
+ *   fallow-guest-tool zeroout DEV FIRST COUNT
+ *   fallow-guest-tool zeros  DEV FIRST COUNT
  *
  * `write` fills 4 KiB blocks FIRST .. FIRST+COUNT of DEV with the pattern below, through
  * O_DIRECT (so the guest's page cache never answers for the device), and after every
@@ -16,6 +18,9 @@
  * reads every page back ROUNDS times (default 1) in another random order, checking each:
  * a program that needs more memory than the guest has, so the guest swaps. It prints
  * `FALLOW-MEMHOG ok=N bad=M` and exits 1 if any page was wrong.
+ * `zeroout` zeroes blocks FIRST .. FIRST+COUNT with the BLKZEROOUT ioctl (the kernel sends
+ * the device WRITE_ZEROES when it offers it); `zeros` reads them back and prints
+ * `FALLOW-ZEROS ok=N bad=M`, exiting 1 if any block holds anything but zeros.
  *
  * The pattern of block B for seed S: bytes 0-7 the magic "FLWBLOCK", 8-15 B, 16-23 S
  * (little-endian), the rest 8-byte words of splitmix64(S * 2^32 + B + word index), so a
@@ -33,6 +38,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -147,6 +154,43 @@ static int do_verify(const char *dev, uint64_t first, uint64_t count, uint64_t s
 	return bad ? 1 : 0;
 }
 
+static int do_zeroout(const char *dev, uint64_t first, uint64_t count)
+{
+	int fd = open_device(dev, O_WRONLY);
+	uint64_t range[2] = { first * BLOCK, count * BLOCK };
+	if (ioctl(fd, BLKZEROOUT, range)) {
+		fprintf(stderr, "fallow-guest-tool: BLKZEROOUT of blocks %" PRIu64 "+%" PRIu64
+			": %s\n", first, count, strerror(errno));
+		return 2;
+	}
+	close(fd);
+	return 0;
+}
+
+static int do_zeros(const char *dev, uint64_t first, uint64_t count)
+{
+	int fd = open_device(dev, O_RDONLY);
+	uint64_t *buf = aligned_block(), *zero = aligned_block();
+	uint64_t ok = 0, bad = 0;
+	memset(zero, 0, BLOCK);
+	for (uint64_t block = first; block < first + count; block++) {
+		ssize_t r = pread(fd, buf, BLOCK, (off_t)(block * BLOCK));
+		if (r != BLOCK) {
+			fprintf(stderr, "fallow-guest-tool: read block %" PRIu64 ": %s\n", block,
+				r < 0 ? strerror(errno) : "short read");
+			return 2;
+		}
+		if (memcmp(buf, zero, BLOCK) == 0)
+			ok++;
+		else if (bad++ < REPORT_BAD)
+			printf("FALLOW-BAD block=%" PRIu64 " is not zeros\n", block);
+	}
+	printf("FALLOW-ZEROS ok=%" PRIu64 " bad=%" PRIu64 "\n", ok, bad);
+	fflush(stdout);
+	close(fd);
+	return bad ? 1 : 0;
+}
+
 /* A random permutation of 0 .. n-1 (Fisher-Yates, splitmix64 as the generator). */
 static uint64_t *permutation(uint64_t n, uint64_t seed)
 {
@@ -200,7 +244,9 @@ static int usage(void)
 {
 	fprintf(stderr, "usage: fallow-guest-tool write DEV FIRST COUNT SEED [SYNC_EVERY]\n"
 			"       fallow-guest-tool verify DEV FIRST COUNT SEED\n"
-			"       fallow-guest-tool memhog MIB SEED [ROUNDS]\n");
+			"       fallow-guest-tool memhog MIB SEED [ROUNDS]\n"
+			"       fallow-guest-tool zeroout DEV FIRST COUNT\n"
+			"       fallow-guest-tool zeros DEV FIRST COUNT\n");
 	return 2;
 }
 
@@ -224,6 +270,11 @@ int main(int argc, char **argv)
 		    (argc == 5 && parse_u64(argv[4], &d)) || a == 0)
 			return usage();
 		return do_memhog(a, b, d);
+	}
+	if (argc == 5 && (!strcmp(argv[1], "zeroout") || !strcmp(argv[1], "zeros"))) {
+		if (parse_u64(argv[3], &a) || parse_u64(argv[4], &b))
+			return usage();
+		return strcmp(argv[1], "zeroout") ? do_zeros(argv[2], a, b) : do_zeroout(argv[2], a, b);
 	}
 	return usage();
 }

@@ -1,6 +1,8 @@
-//! The `fallow` command: one binary for every role: `node` (lend memory), `stat` (a
-//! node's or an NBD server's state), `bench` (load against a node or memcached) and
-//! `trace` (judge the pool's eviction policies on real block-I/O traces).
+//! The `fallow` command: one binary for every role: `node` (lend memory), `nbd` and
+//! `vhost` (serve block devices from the pool over NBD or to local QEMU guests), `up` (a
+//! node and its exports in one), `stat` (a node's or an NBD server's state), `bench` (load
+//! against a node, memcached or a block device) and `trace` (judge the pool's eviction
+//! policies on real block-I/O traces).
 
 use clap::{Parser, Subcommand};
 
@@ -23,6 +25,7 @@ enum Command {
     Up(cmd::up::UpArgs),
     Nbd(cmd::nbd::NbdArgs),
     Node(cmd::node::NodeArgs),
+    Vhost(cmd::vhost::VhostArgs),
     Stat(cmd::stat::StatArgs),
     /// Replay real block-I/O traces through the page pool engine.
     #[command(subcommand)]
@@ -32,12 +35,14 @@ enum Command {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     // A daemon says what it does by default; the one-shot commands only warn.
-    let default_level =
-        if matches!(cli.command, Command::Node(_) | Command::Nbd(_) | Command::Up(_)) {
-            "info"
-        } else {
-            "warn"
-        };
+    let default_level = if matches!(
+        cli.command,
+        Command::Node(_) | Command::Nbd(_) | Command::Vhost(_) | Command::Up(_)
+    ) {
+        "info"
+    } else {
+        "warn"
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FALLOW_LOG")
@@ -49,6 +54,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Up(args) => cmd::up::run(args),
         Command::Nbd(args) => cmd::nbd::run(args),
+        Command::Vhost(args) => cmd::vhost::run(args),
         Command::Node(args) => cmd::node::run(args),
         Command::Stat(args) => cmd::stat::run(args),
         Command::Bench(c) => cmd::bench::run(c),

@@ -35,7 +35,8 @@ pub enum Disk {
         options: String,
     },
     /// A vhost-user-blk backend listening on a Unix socket (the guest's memory is then
-    /// shared through a memfd).
+    /// shared through a memfd). QEMU reconnects within half a second when the backend goes
+    /// away and comes back; the guest's requests wait meanwhile.
     VhostUser {
         /// The backend's socket.
         socket: PathBuf,
@@ -79,7 +80,7 @@ impl Disk {
             }
             Disk::VhostUser { socket, queues } => vec![
                 "-chardev".into(),
-                format!("socket,id=vhost{index},path={}", socket.display()),
+                format!("socket,id=vhost{index},path={},reconnect-ms=500", socket.display()),
                 "-device".into(),
                 format!("vhost-user-blk-pci,chardev=vhost{index},num-queues={queues}"),
             ],

@@ -135,6 +135,49 @@ pub async fn open_exports(
     Ok((exports, pool.and_then(|opened| opened.engine)))
 }
 
+/// How long a stopping server waits for the exports' dirty data to reach their stores.
+const FINAL_FLUSH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Makes every acknowledged write durable before the process exits: with write-back, the
+/// dirty data still in memory. Bounded, so a store that is gone cannot hold the exit
+/// forever; what could not be written is logged.
+pub async fn flush_exports(exports: &[OpenedExport]) {
+    for export in exports {
+        let dirty = export.cache.dirty_bytes();
+        if dirty == 0 {
+            continue;
+        }
+        tracing::info!(export = %export.name, dirty, "writing dirty data out before exit");
+        match tokio::time::timeout(FINAL_FLUSH_TIMEOUT, export.cache.flush()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => {
+                tracing::error!(export = %export.name, %err, "dirty data not written out: lost")
+            }
+            Err(_) => tracing::error!(
+                export = %export.name,
+                dirty = export.cache.dirty_bytes(),
+                "the store took over {FINAL_FLUSH_TIMEOUT:?}; dirty data not written out: lost"
+            ),
+        }
+    }
+}
+
+/// The exports as the NBD server serves them, sharing their caches with any other front
+/// end.
+pub fn nbd_exports(opened: &[OpenedExport], read_only: bool) -> Vec<Arc<fallow_nbd::Export>> {
+    opened
+        .iter()
+        .map(|e| {
+            Arc::new(fallow_nbd::Export {
+                name: e.name.clone(),
+                description: e.spec.clone(),
+                cache: e.cache.clone(),
+                read_only,
+            })
+        })
+        .collect()
+}
+
 /// Opens BACKING.
 async fn open_backing(spec: &str) -> anyhow::Result<Arc<dyn BackingStore>> {
     if let Some(size) = spec.strip_prefix("mem:") {

@@ -7,3 +7,4 @@ pub mod node;
 pub mod stat;
 pub mod trace;
 pub mod up;
+pub mod vhost;

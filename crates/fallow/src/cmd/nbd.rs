@@ -6,10 +6,10 @@ use anyhow::Context;
 use clap::Args;
 use fallow_core::ListenAddr;
 use fallow_nbd::metrics::PoolMemory;
-use fallow_nbd::{Export, NbdServer};
+use fallow_nbd::NbdServer;
 use fallow_pool::Engine;
 
-use super::exports::{open_exports, ExportArgs};
+use super::exports::{flush_exports, nbd_exports, open_exports, ExportArgs};
 
 /// Export block devices over NBD, with reads served from the page pool.
 ///
@@ -65,17 +65,7 @@ pub fn run(args: NbdArgs) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let (opened, engine) = open_exports(&args.exports).await?;
         let names: Vec<String> = opened.iter().map(|e| e.name.clone()).collect();
-        let exports = opened
-            .into_iter()
-            .map(|e| {
-                Arc::new(Export {
-                    name: e.name,
-                    description: e.spec,
-                    cache: e.cache,
-                    read_only: args.exports.read_only,
-                })
-            })
-            .collect();
+        let exports = nbd_exports(&opened, args.exports.read_only);
         let server = NbdServer::start(&listen, exports, args.metrics).await?;
         if let Some(engine) = engine {
             export_engine_memory(&server, engine);
@@ -92,6 +82,7 @@ pub fn run(args: NbdArgs) -> anyhow::Result<()> {
         }
         crate::cmd::node::wait_for_signal().await?;
         server.shutdown().await;
+        flush_exports(&opened).await;
         Ok(())
     })
 }
