@@ -450,3 +450,45 @@ impl VhostUserBackend for BlkBackend {
         self.serve_queue(thread_id, vring)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_queue_stop_waits_for_the_requests_in_flight() {
+        let in_flight = Arc::new(InFlight::default());
+        in_flight.add(2);
+        let finisher = {
+            let in_flight = in_flight.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                in_flight.done();
+                std::thread::sleep(Duration::from_millis(50));
+                in_flight.done();
+            })
+        };
+        in_flight.wait_idle("test", 0);
+        assert_eq!(*in_flight.count.lock().unwrap(), 0);
+        finisher.join().unwrap();
+        // Nothing in flight: no wait at all.
+        in_flight.wait_idle("test", 0);
+    }
+
+    #[test]
+    fn a_finished_future_runs_here_and_a_waiting_one_is_handed_back() {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let done = Arc::new(AtomicBool::new(false));
+        let flag = done.clone();
+        assert!(
+            run_here(runtime.handle(), async move { flag.store(true, Ordering::SeqCst) }).is_none()
+        );
+        assert!(done.load(Ordering::SeqCst));
+        // A future that needs the runtime's timer is polled in its context, and returned.
+        let later = run_here(runtime.handle(), async {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        });
+        let later = later.expect("a sleeping future cannot finish at once");
+        runtime.block_on(later);
+    }
+}

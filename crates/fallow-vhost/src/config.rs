@@ -19,7 +19,7 @@ use virtio_bindings::virtio_blk::*;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 
-use crate::request::{MAX_DATA, SECTOR};
+use crate::request::{MAX_DATA, MAX_SEGMENTS, SECTOR};
 
 /// Bytes of the configuration space this device fills.
 const CONFIG_LEN: usize = 60;
@@ -29,9 +29,6 @@ pub const QUEUE_SIZE: u16 = 256;
 
 /// Data descriptors one request may have: the queue, less the header and the status.
 pub const SEG_MAX: u32 = QUEUE_SIZE as u32 - 2;
-
-/// Segments one discard or write-zeroes request may name.
-pub const MAX_DISCARD_SEG: u32 = 32;
 
 /// The device as the guest sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,10 +86,10 @@ impl Geometry {
         put(26, &8u16.to_le_bytes());
         put(34, &self.queues.to_le_bytes());
         put(36, &max_sectors.to_le_bytes());
-        put(40, &MAX_DISCARD_SEG.to_le_bytes());
+        put(40, &MAX_SEGMENTS.to_le_bytes());
         put(44, &8u32.to_le_bytes()); // discard_sector_alignment: 4 KiB
         put(48, &max_sectors.to_le_bytes());
-        put(52, &MAX_DISCARD_SEG.to_le_bytes());
+        put(52, &MAX_SEGMENTS.to_le_bytes());
         put(56, &[1]); // write_zeroes_may_unmap
         c
     }

@@ -36,6 +36,10 @@ pub const SEGMENT_UNMAP: u32 = 1;
 /// are split by the guest's kernel long before that (`seg_max` descriptors of a page).
 pub const MAX_DATA: u64 = 32 << 20;
 
+/// Segments one discard or write-zeroes request may name (the configuration space's
+/// `max_discard_seg` and `max_write_zeroes_seg`).
+pub const MAX_SEGMENTS: u32 = 32;
+
 /// The request types this device serves (VIRTIO 1.2, 5.2.6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -266,6 +270,10 @@ fn segments<M: GuestMemory>(
     data: &[Buffer],
     capacity: u64,
 ) -> Result<Vec<Segment>, String> {
+    let total: u64 = data.iter().map(|b| u64::from(b.len)).sum();
+    if total > u64::from(MAX_SEGMENTS * SEGMENT_LEN) {
+        return Err(format!("{total} bytes of segments, over the {MAX_SEGMENTS} segments offered"));
+    }
     let mut bytes = Vec::new();
     for buffer in data {
         let start = bytes.len();
@@ -285,6 +293,9 @@ fn segments<M: GuestMemory>(
         let sectors = u32::from_le_bytes(sectors.try_into().unwrap_or_default());
         let flags = u32::from_le_bytes(flags.try_into().unwrap_or_default());
         let len = u64::from(sectors) * SECTOR;
+        if len > MAX_DATA {
+            return Err(format!("a segment of {sectors} sectors, over the {MAX_DATA}-byte limit"));
+        }
         let offset = sector
             .checked_mul(SECTOR)
             .filter(|o| o.checked_add(len).is_some_and(|end| end <= capacity))
@@ -401,5 +412,15 @@ mod tests {
         assert!(matches!(parse(&mem, &chain, 32 * 1024, false), Err(Refusal::IoErr { .. })));
         mem.write_slice(&7u32.to_le_bytes(), GuestAddress(0x2000 + 12)).unwrap();
         assert!(matches!(parse(&mem, &chain, cap, false), Err(Refusal::IoErr { .. })));
+        // A segment longer than the limit the device offers; more segments than it offers.
+        let mut long = Vec::new();
+        long.extend_from_slice(&0u64.to_le_bytes());
+        long.extend_from_slice(&u32::MAX.to_le_bytes());
+        long.extend_from_slice(&0u32.to_le_bytes());
+        mem.write_slice(&long, GuestAddress(0x2000)).unwrap();
+        let one = [header(&mem, 0, 11, 0), (GuestAddress(0x2000), 16, false), STATUS];
+        assert!(matches!(parse(&mem, &one, u64::MAX, false), Err(Refusal::IoErr { .. })));
+        let many = [header(&mem, 0, 11, 0), (GuestAddress(0x2000), 33 * 16, false), STATUS];
+        assert!(matches!(parse(&mem, &many, cap, false), Err(Refusal::IoErr { .. })));
     }
 }
