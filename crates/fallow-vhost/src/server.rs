@@ -102,6 +102,8 @@ impl Server {
             drop(session);
             self.device.quiesce();
             match ended {
+                // The wake-up connection of a shutdown is no frontend.
+                _ if self.stopping.load(Ordering::Acquire) => {}
                 Ok(()) => tracing::info!(export = %name, "vhost-user frontend disconnected"),
                 Err(err) => {
                     tracing::warn!(export = %name, %err, "vhost-user session ended with an error")

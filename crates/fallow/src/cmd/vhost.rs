@@ -53,6 +53,11 @@ pub struct VhostArgs {
     /// Also serve the exports over NBD at ADDR (HOST:PORT or unix:PATH); repeatable.
     #[arg(long, value_name = "ADDR")]
     nbd: Vec<ListenAddr>,
+    /// Serve Prometheus metrics at http://ADDR/metrics: each export's cache (hits per
+    /// tier, backing-store reads, dirty data), whichever front end read it, and the NBD
+    /// requests of --nbd; `fallow stat --nbd ADDR` reads them.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
 }
 
 /// Runs the devices until SIGTERM or SIGINT.
@@ -69,7 +74,7 @@ pub fn run(args: VhostArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.socket_dir)
         .with_context(|| format!("creating {}", args.socket_dir.display()))?;
     runtime.block_on(async {
-        let (opened, _engine) = open_exports(&args.exports).await?;
+        let (opened, engine) = open_exports(&args.exports).await?;
         let mut servers = Vec::new();
         for export in &opened {
             let device = Device::new(
@@ -83,11 +88,12 @@ pub fn run(args: VhostArgs) -> anyhow::Result<()> {
             let path = args.socket_dir.join(format!("{}.sock", export.name));
             servers.push(Arc::new(Server::bind(&path, device)?));
         }
-        let nbd = match args.nbd.is_empty() {
+        // The NBD server also carries the metrics endpoint (with no NBD address, only that).
+        let nbd = match args.nbd.is_empty() && args.metrics.is_none() {
             true => None,
             false => {
                 let exports = nbd_exports(&opened, args.exports.read_only);
-                Some(NbdServer::start(&args.nbd, exports, None).await?)
+                Some(NbdServer::start(&args.nbd, exports, args.metrics).await?)
             }
         };
         let mut threads = Vec::new();
@@ -103,6 +109,9 @@ pub fn run(args: VhostArgs) -> anyhow::Result<()> {
                 })
                 .context("starting a socket thread")?;
             threads.push(thread);
+        }
+        if let (Some(nbd), Some(engine)) = (&nbd, engine) {
+            super::nbd::export_engine_memory(nbd, engine);
         }
         if let Some(nbd) = &nbd {
             for addr in nbd.local_addrs() {
@@ -132,6 +141,7 @@ pub fn run(args: VhostArgs) -> anyhow::Result<()> {
                 export = %server.device().name(),
                 ok = stats.ok.load(std::sync::atomic::Ordering::Relaxed),
                 failed = stats.failed.load(std::sync::atomic::Ordering::Relaxed),
+                completed_in_place = stats.inline.load(std::sync::atomic::Ordering::Relaxed),
                 "vhost-user device stopped"
             );
         }
