@@ -9,9 +9,11 @@
 //! [`guest`]: real virtual machines: guest images built from Debian packages into a cache
 //! outside the repository, booted under QEMU with NBD or vhost-user disks, a script run
 //! in them, its results read from the serial console, every guest bounded in time.
-//! [`ceph`]: a throwaway one-node Ceph cluster. Behind features, for the crates whose
-//! tests need them: `node` (a real node on a thread of its own), `backing` (the model every
-//! backing store is checked against), `pool` (page contents and the benches' settings).
+//! [`ceph`]: a throwaway one-node Ceph cluster. [`qsd`]: qemu-storage-daemon exporting an
+//! image over vhost-user-blk and NBD, the reference backend of `fallow bench blk`. Behind
+//! features, for the crates whose tests need them: `node` (a real node on a thread of its
+//! own), `backing` (the model every backing store is checked against), `pool` (page
+//! contents and the benches' settings).
 
 #[cfg(feature = "backing")]
 pub mod backing_model;
@@ -22,3 +24,4 @@ pub mod node;
 #[cfg(feature = "pool")]
 pub mod pages;
 pub mod process;
+pub mod qsd;

@@ -18,7 +18,7 @@
 //! Each becomes an error status for that request and a log line; [`parse`] reads nothing
 //! but the descriptors and the header, and never panics.
 
-use vm_memory::{Bytes, GuestAddress, GuestMemory};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemory};
 
 /// Bytes of a sector, the unit of the header's `sector` and of every length.
 pub const SECTOR: u64 = 512;
@@ -192,12 +192,15 @@ pub fn parse<M: GuestMemory>(
     capacity: u64,
     read_only: bool,
 ) -> Result<Request, Refusal> {
-    let Some((&(status, status_len, status_writable), rest)) = descriptors.split_last() else {
+    let Some((&(last, last_len, last_writable), rest)) = descriptors.split_last() else {
         return Err(Refusal::NoStatus);
     };
-    if status_len < 1 || !status_writable {
-        return Err(Refusal::NoStatus);
-    }
+    // The status is the request's last byte: the last byte of the last descriptor, which
+    // must be one the device may write.
+    let status = match last_len.checked_sub(1) {
+        Some(at) if last_writable => last.checked_add(u64::from(at)).ok_or(Refusal::NoStatus)?,
+        _ => return Err(Refusal::NoStatus),
+    };
     let io_err = |why: String| Refusal::IoErr { status, why };
     let Some((&(header_addr, header_len, header_writable), data)) = rest.split_first() else {
         return Err(io_err("no header descriptor".into()));
@@ -344,6 +347,9 @@ mod tests {
         let r = parse(&mem, &chain, 1 << 30, false).unwrap();
         assert_eq!((r.kind, r.offset, r.data_len, r.data.len()), (Kind::In, 4096, 4608, 2));
         assert_eq!(r.status, GuestAddress(0x1000));
+        // A status descriptor longer than a byte: the status is its last byte.
+        let long_status = [header(&mem, 0, 0, 8), (GuestAddress(0x1000), 8, true)];
+        assert_eq!(parse(&mem, &long_status, 1 << 30, false).unwrap().status, GuestAddress(0x1007));
     }
 
     #[test]

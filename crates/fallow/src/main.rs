@@ -19,7 +19,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Benchmarks against a running server: `bench pages` (fallow node or memcached).
+    /// Benchmarks against a running server: `bench pages` (a fallow node or memcached),
+    /// `bench blk` (a vhost-user-blk socket or an NBD export).
     #[command(subcommand)]
     Bench(cmd::bench::BenchCommand),
     Up(cmd::up::UpArgs),

@@ -1,5 +1,7 @@
 //! `fallow bench pages`: one 4 KiB page load against a fallow node or a memcached server
-//! (the load generator is `fallow_bench::pages`). `fallow bench delay-proxy`: a TCP proxy
+//! (the load generator is `fallow_bench::pages`). `fallow bench blk`: block requests
+//! through a virtio-blk driver of our own against a vhost-user-blk backend, an NBD export
+//! or the driver's floor (`fallow_bench::blk`). `fallow bench delay-proxy`: a TCP proxy
 //! that adds latency (`fallow_bench::delay_proxy`), for fault tests without netem.
 
 use std::io::Write;
@@ -9,6 +11,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 
+use fallow_bench::blk::{self, BlkOptions, BlkTarget, Rw, Wait};
 use fallow_bench::delay_proxy;
 use fallow_bench::pages::{self, KeyDist, PagesOptions, Phase, Target, Tick, ValueMode, Workload};
 
@@ -23,6 +26,23 @@ pub enum BenchCommand {
     /// Progress goes to stderr once a second, the report to stdout. The load generator
     /// shares the host's CPUs with a local server.
     Pages(PagesArgs),
+    /// Drive a block device with reads or writes from a virtio-blk driver of our own; print
+    /// IOPS and per-request latency (min, p50, p90, p99, p99.9, max, mean).
+    ///
+    /// vhost-user:PATH connects to a vhost-user-blk backend's socket (`fallow vhost`,
+    /// qemu-storage-daemon's vhost-user-blk export) as QEMU would, shares a memfd as the
+    /// guest's memory, and puts requests on split virtqueues: no emulated guest, so the
+    /// backend's own latency is what is measured. null is the driver's floor: a thread of
+    /// this process completes every request at once on the same rings; subtract it from a
+    /// backend's latency for what the backend adds. nbd://HOST:PORT/NAME (or
+    /// nbd+unix:///NAME?socket=PATH) runs the same load over NBD, for side-by-side runs
+    /// (fio's nbd engine stays the NBD reference).
+    ///
+    /// QD requests stay in flight on each queue; one thread drives all queues. A request
+    /// that ends with a status other than OK is counted (errors) and the run goes on; a
+    /// backend that hangs up, or answers nothing for 10 s, ends it with an error. The
+    /// driver shares the host's CPUs with the backend under test, and by default spins.
+    Blk(BlkArgs),
     /// Forward TCP connections from --listen to --to, adding --delay to the data in each
     /// direction (a request and its reply cost twice the delay): latency without netem.
     ///
@@ -43,6 +63,49 @@ pub struct DelayProxyArgs {
     /// The latency added in each direction: 5ms, 0.2s, or seconds.
     #[arg(long, value_parser = parse_duration)]
     delay: Duration,
+}
+
+/// Options of `fallow bench blk`.
+#[derive(Debug, Args)]
+pub struct BlkArgs {
+    /// The device: vhost-user:PATH, nbd://HOST:PORT/NAME, nbd+unix:///NAME?socket=PATH or
+    /// null.
+    #[arg(long)]
+    target: BlkTarget,
+    /// randread, randwrite, read or write (sequential ones wrap at the end of the range).
+    /// Writes change the disk's contents.
+    #[arg(long, default_value = "randread")]
+    rw: Rw,
+    /// Bytes per request: whole 512-byte sectors (4096, 4K, 64K).
+    #[arg(long, default_value = "4096", value_parser = parse_bytes_u32)]
+    bs: u32,
+    /// Requests in flight per queue (vhost-user and null: at most 85, three descriptors each
+    /// in a queue of 256).
+    #[arg(long, default_value_t = 1)]
+    qd: u16,
+    /// How long to measure: 500ms, 5s, 1m, or seconds.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Address only the first BYTES of the disk (64M, 1G): offsets are block-aligned and
+    /// below it. Default: the whole disk.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    range: Option<u64>,
+    /// Queues to drive, each with QD in flight (vhost-user and null).
+    #[arg(long, default_value_t = 1)]
+    queues: u16,
+    /// How the driver waits for completions: spin on the used ring (the backend's latency,
+    /// without the driver's wake-up), or call (sleep on the call eventfd, as a guest waits
+    /// for an interrupt). vhost-user and null.
+    #[arg(long, default_value = "spin")]
+    wait: Wait,
+    /// Seed of the random offsets and the written data.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Print one JSON object instead of text: target, rw, bs, qd, queues, wait, ops,
+    /// seconds, iops, mib_per_s, latency_us {min, p50, p90, p99, p999, max, mean}, errors,
+    /// first_error, disk_bytes, range_bytes, host_cpus.
+    #[arg(long)]
+    json: bool,
 }
 
 /// Options of `fallow bench pages`.
@@ -115,6 +178,7 @@ pub struct PagesArgs {
 pub fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Pages(args) => bench_pages(args),
+        BenchCommand::Blk(args) => bench_blk(args),
         BenchCommand::DelayProxy(args) => delay_proxy(args),
     }
 }
@@ -181,6 +245,26 @@ fn bench_pages(args: PagesArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn bench_blk(args: BlkArgs) -> anyhow::Result<()> {
+    let mut opts = BlkOptions::new(args.target);
+    opts.rw = args.rw;
+    opts.bs = args.bs;
+    opts.qd = args.qd;
+    opts.duration = args.duration;
+    opts.range = args.range;
+    opts.queues = args.queues;
+    opts.wait = args.wait;
+    opts.seed = args.seed;
+    let report = blk::run(&opts).with_context(|| format!("fallow bench blk on {}", opts.target))?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        writeln!(out, "{}", serde_json::to_string(&report)?)?;
+    } else {
+        writeln!(out, "{report}")?;
+    }
+    Ok(())
+}
+
 /// One CSV line per request: `start_unix_ns,latency_ns,get|put`.
 fn write_timeline(path: &std::path::Path, timeline: &[pages::TimedRequest]) -> std::io::Result<()> {
     let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
@@ -221,6 +305,16 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(value * scale).map_err(|_| format!("{s:?} is out of range"))
 }
 
+/// A byte count: `4096`, `4K`, `64M`, `1G` (powers of 1024).
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    fallow_node::lending::parse_size(s).map_err(|e| e.to_string())
+}
+
+fn parse_bytes_u32(s: &str) -> Result<u32, String> {
+    let n = parse_bytes(s)?;
+    u32::try_from(n).map_err(|_| format!("{s:?} is too large"))
+}
+
 fn parse_on_off(s: &str) -> Result<bool, String> {
     match s {
         "on" => Ok(true),
@@ -242,5 +336,14 @@ mod tests {
         for bad in ["", "s", "3h", "-1s", "x"] {
             assert!(parse_duration(bad).is_err(), "{bad:?} parsed");
         }
+    }
+
+    #[test]
+    fn byte_counts_parse() {
+        assert_eq!(parse_bytes_u32("4096"), Ok(4096));
+        assert_eq!(parse_bytes_u32("64K"), Ok(65536));
+        assert_eq!(parse_bytes("1G"), Ok(1 << 30));
+        assert!(parse_bytes_u32("8G").is_err());
+        assert!(parse_bytes("x").is_err());
     }
 }
