@@ -43,8 +43,8 @@ pub struct VhostArgs {
     /// microseconds, before it sleeps until the guest kicks. Polling saves the guest its
     /// kick and the thread its wake-up (tens of microseconds), and burns up to a core per
     /// busy queue while it spins: it spins only while requests keep coming, and sleeps
-    /// once the queue has been idle this long. 0 never spins.
-    #[arg(long, value_name = "US", default_value_t = 0)]
+    /// once the queue has been idle this long. 0 never spins; at most 1000000.
+    #[arg(long, value_name = "US", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     poll_us: u64,
     /// Pin the queue threads to these CPUs, in turn ("2,3" or "2-3"). Best with --poll-us,
     /// on cores nothing else runs on.
