@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fallow_core::ListenAddr;
-use fallow_net::{spawn_accept_loop, Listener};
+use fallow_net::{spawn_accept_loop, Listener, ReadPolling};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -34,6 +34,17 @@ impl NbdServer {
         exports: Vec<Arc<Export>>,
         metrics: Option<std::net::SocketAddr>,
     ) -> io::Result<NbdServer> {
+        NbdServer::start_polling(listen, exports, metrics, ReadPolling::OFF).await
+    }
+
+    /// [`NbdServer::start`], with connections that poll their socket as `polling` says
+    /// before they park (`--poll-us`; `fallow_net::busy_poll`).
+    pub async fn start_polling(
+        listen: &[ListenAddr],
+        exports: Vec<Arc<Export>>,
+        metrics: Option<std::net::SocketAddr>,
+        polling: ReadPolling,
+    ) -> io::Result<NbdServer> {
         if exports.is_empty() {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "no export to serve"));
         }
@@ -52,9 +63,15 @@ impl NbdServer {
             }
             bound.push(local);
             let (exports, stop, counters) = (exports.clone(), shutdown.clone(), counters.clone());
-            spawn_accept_loop(listener, shutdown.clone(), tasks.clone(), move |stream, peer| {
-                Some(connection(stream, peer, exports.clone(), stop.clone(), counters.clone()))
-            });
+            spawn_accept_loop(
+                listener,
+                polling,
+                shutdown.clone(),
+                tasks.clone(),
+                move |stream, peer| {
+                    Some(connection(stream, peer, exports.clone(), stop.clone(), counters.clone()))
+                },
+            );
         }
         let metrics_addr = match metrics {
             Some(addr) => {

@@ -4,6 +4,7 @@
 //!
 //! # Components
 //! [`Listener`]: one bound socket. [`spawn_accept_loop`]: its accept loop.
+//! [`busy_poll`]: connections that poll their socket before they park (`--poll-us`).
 //! [`serve_metrics`]: a Prometheus `/metrics` endpoint. [`cpus::CpuList`]: the CPUs a
 //! polling server pins its threads to.
 
@@ -12,6 +13,7 @@
 // why, in an `expect` on its function.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing))]
 
+pub mod busy_poll;
 pub mod cpus;
 
 use std::future::Future;
@@ -20,6 +22,7 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
+pub use busy_poll::{BusyPoll, ReadPolling};
 use fallow_core::ListenAddr;
 use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -73,15 +76,21 @@ impl Listener {
     /// Accepts one connection. TCP connections get `TCP_NODELAY`: fallow's requests and
     /// replies are latency-bound, never worth delaying to fill a packet.
     pub async fn accept(&self) -> io::Result<Accepted> {
+        self.accept_with(ReadPolling::OFF).await
+    }
+
+    /// [`Listener::accept`], the connection's reads polling as `polling` says (in a
+    /// [`BusyPoll`] when it is on).
+    pub async fn accept_with(&self, polling: ReadPolling) -> io::Result<Accepted> {
         match self {
             Listener::Tcp(l) => {
                 let (stream, peer) = l.accept().await?;
                 let _ = stream.set_nodelay(true);
-                Ok((Box::new(stream), peer.to_string()))
+                Ok((polling.tcp(stream), peer.to_string()))
             }
             Listener::Unix(l, _) => {
                 let (stream, _) = l.accept().await?;
-                Ok((Box::new(stream), "unix".to_string()))
+                Ok((polling.unix(stream), "unix".to_string()))
             }
         }
     }
@@ -94,10 +103,12 @@ impl Listener {
 
 /// Spawns on `tasks` a loop that accepts connections until `shutdown` and spawns (on
 /// `tasks` too) the future `serve` makes for each, or drops the connection when `serve`
-/// returns `None` (a connection limit, say). Accept errors (out of file descriptors, a peer
-/// that reset first) are logged and retried after a short pause.
+/// returns `None` (a connection limit, say). Each connection's reads poll as `polling`
+/// says. Accept errors (out of file descriptors, a peer that reset first) are logged and
+/// retried after a short pause.
 pub fn spawn_accept_loop<F, Fut>(
     listener: Listener,
+    polling: ReadPolling,
     shutdown: CancellationToken,
     tasks: TaskTracker,
     serve: F,
@@ -110,7 +121,7 @@ pub fn spawn_accept_loop<F, Fut>(
         loop {
             let accepted = tokio::select! {
                 _ = shutdown.cancelled() => return,
-                accepted = listener.accept() => accepted,
+                accepted = listener.accept_with(polling) => accepted,
             };
             match accepted {
                 Ok((stream, peer)) => {

@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use fallow_core::ListenAddr;
+use fallow_net::ReadPolling;
 
 use crate::summary::SummarySettings;
 
@@ -42,6 +43,9 @@ pub struct NodeConfig {
     pub forward_timeout: Duration,
     /// The content summary served to clients that dedup across nodes.
     pub summary: SummarySettings,
+    /// Whether a connection polls its socket for a while before its task parks
+    /// (`--poll-us`): lower latency for a core per busy connection.
+    pub read_polling: ReadPolling,
 }
 
 /// How a node joins a cluster. The timings are `fallow_cluster`'s defaults.
@@ -75,6 +79,7 @@ impl NodeConfig {
             cluster: None,
             forward_timeout: Duration::from_millis(250),
             summary: SummarySettings::default(),
+            read_polling: ReadPolling::OFF,
         }
     }
 }
@@ -118,6 +123,10 @@ pub struct ConfigFile {
     /// Milliseconds a forwarded request may wait for another node, as for
     /// `--forward-timeout`.
     pub forward_timeout_ms: Option<u64>,
+    /// Microseconds a connection polls its socket before it parks, as for `--poll-us`.
+    pub poll_us: Option<u64>,
+    /// CPUs the runtime's worker threads are pinned to, as for `--cpus` ("2,3", "0-3").
+    pub cpus: Option<String>,
 }
 
 impl ConfigFile {

@@ -52,10 +52,17 @@ impl Server {
             }
             bound.push(local);
             let (node, stop) = (node.clone(), shutdown.clone());
-            spawn_accept_loop(listener, shutdown.clone(), tasks.clone(), move |stream, peer| {
-                (!over_limit(&node, &peer))
-                    .then(|| connection::serve(node.clone(), stream, peer, stop.clone()))
-            });
+            let polling = node.config().read_polling;
+            spawn_accept_loop(
+                listener,
+                polling,
+                shutdown.clone(),
+                tasks.clone(),
+                move |stream, peer| {
+                    (!over_limit(&node, &peer))
+                        .then(|| connection::serve(node.clone(), stream, peer, stop.clone()))
+                },
+            );
         }
         let metrics = match node.config().metrics {
             Some(addr) => {

@@ -2,7 +2,7 @@
 //! when dropped, so that a failed assertion never leaves one running; a long-running
 //! process whose stderr is read on a thread and searched, with a bounded wait, for the line
 //! that names its address; scratch directories removed when dropped; "is this tool
-//! installed" checks, free ports and bounded polling.
+//! installed" checks, free ports, bounded polling and a process's CPU time.
 
 use std::io::{BufRead, BufReader};
 use std::net::{TcpListener, TcpStream};
@@ -54,6 +54,21 @@ pub fn poll_until(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
         }
         std::thread::sleep(POLL);
     }
+}
+
+/// The CPU time (user + system, all threads) process `pid` has used so far, from
+/// `/proc/PID/stat`; zero once the process is gone.
+pub fn cpu_time(pid: u32) -> Duration {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return Duration::ZERO;
+    };
+    // The command name (field 2) may hold spaces and parentheses; the fields after its
+    // last ')' are plain. utime and stime (fields 14 and 15) are the 12th and 13th of those.
+    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let ticks: u64 =
+        after_name.split_whitespace().skip(11).take(2).map(|t| t.parse::<u64>().unwrap()).sum();
+    let per_second = rustix::param::clock_ticks_per_second().max(1);
+    Duration::from_nanos(ticks * 1_000_000_000 / per_second)
 }
 
 /// Whether something accepts TCP connections on `127.0.0.1:PORT` within `timeout`.

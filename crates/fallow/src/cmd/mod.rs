@@ -4,6 +4,7 @@ pub mod bench;
 pub mod exports;
 pub mod nbd;
 pub mod node;
+pub mod serving;
 pub mod stat;
 pub mod trace;
 pub mod up;

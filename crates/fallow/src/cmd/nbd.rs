@@ -2,7 +2,6 @@
 
 use std::sync::Arc;
 
-use anyhow::Context;
 use clap::Args;
 use fallow_core::ListenAddr;
 use fallow_nbd::metrics::PoolMemory;
@@ -10,6 +9,7 @@ use fallow_nbd::NbdServer;
 use fallow_pool::Engine;
 
 use super::exports::{flush_exports, nbd_exports, open_exports, ExportArgs};
+use super::serving::{server_runtime, PollingArgs};
 
 /// Export block devices over NBD, with reads served from the page pool.
 ///
@@ -24,7 +24,9 @@ use super::exports::{flush_exports, nbd_exports, open_exports, ExportArgs};
 /// (`--pool local:SIZE` for one in this process, or `fallow://HOST:PORT` for a node or
 /// `fallow://A,B,C` for a cluster, with `--secret-file`), then the backing store; writes go through to the backing store before
 /// they are acknowledged. Connect with any NBD client, e.g.
-/// `qemu-img info nbd://127.0.0.1:10809/NAME`.
+/// `qemu-img info nbd://127.0.0.1:10809/NAME`. With `--poll-us` each connection polls its
+/// socket between requests instead of sleeping: lower latency, for up to a core per busy
+/// connection.
 #[derive(Debug, Args)]
 pub struct NbdArgs {
     #[command(flatten)]
@@ -36,6 +38,8 @@ pub struct NbdArgs {
     /// cache hits per tier, backing-store reads, dirty data).
     #[arg(long, value_name = "ADDR")]
     metrics: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    polling: PollingArgs,
 }
 
 /// Lets the server's metrics (and so `fallow stat --nbd`) show the memory of a pool engine
@@ -57,16 +61,13 @@ pub fn run(args: NbdArgs) -> anyhow::Result<()> {
     } else {
         args.listen.clone()
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .thread_name("fallow-nbd")
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let polling = args.polling.read_polling()?;
+    let runtime = server_runtime("fallow-nbd", args.polling.cpus.as_ref())?;
     runtime.block_on(async move {
         let (opened, engine) = open_exports(&args.exports).await?;
         let names: Vec<String> = opened.iter().map(|e| e.name.clone()).collect();
         let exports = nbd_exports(&opened, args.exports.read_only);
-        let server = NbdServer::start(&listen, exports, args.metrics).await?;
+        let server = NbdServer::start_polling(&listen, exports, args.metrics, polling).await?;
         if let Some(engine) = engine {
             export_engine_memory(&server, engine);
         }

@@ -7,9 +7,12 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Args;
+use fallow_net::cpus::CpuList;
 use fallow_node::lending::{parse_size, Governor, LendMode};
 use fallow_node::{ClusterSettings, ConfigFile, ListenAddr, Node, NodeConfig, Server};
 use fallow_pool::{Engine, EngineBuilder};
+
+use super::serving::{read_polling, server_runtime, PollingArgs};
 
 /// The default address: loopback only, so a node is never exposed by accident.
 const DEFAULT_LISTEN: &str = "127.0.0.1:7400";
@@ -26,6 +29,9 @@ const DEFAULT_LISTEN: &str = "127.0.0.1:7400";
 /// other nodes (every datagram authenticated with the secret, not encrypted), publishes
 /// how much it lends and has free, and detects a failed node within about a second
 /// (docs/cluster.md). `fallow stat --cluster` lists the members.
+///
+/// With `--poll-us` each connection polls its socket between requests instead of sleeping:
+/// lower latency, for up to a core per busy connection (docs/concurrency.md, "Polling").
 ///
 /// Settings can also come from a TOML file (`--config`; sample in deploy/); a flag wins
 /// over the file. Logs go to stderr (level from FALLOW_LOG, default info). SIGTERM or
@@ -93,6 +99,8 @@ pub struct NodeArgs {
     /// may wait for its answer; a node slower than that costs misses [default: 250].
     #[arg(long, value_name = "MS")]
     forward_timeout: Option<u64>,
+    #[command(flatten)]
+    polling: PollingArgs,
 }
 
 /// The node's settings after merging defaults, the file and the flags.
@@ -100,6 +108,8 @@ struct Settings {
     config: NodeConfig,
     lend: LendMode,
     policy: String,
+    /// `--cpus`: the runtime's workers, one pinned to each.
+    cpus: Option<CpuList>,
 }
 
 fn settings(args: NodeArgs) -> anyhow::Result<Settings> {
@@ -188,11 +198,19 @@ fn settings(args: NodeArgs) -> anyhow::Result<Settings> {
         }
         config.forward_timeout = Duration::from_millis(ms);
     }
+    if let Some(micros) = args.polling.poll_us.or(file.poll_us) {
+        config.read_polling = read_polling(micros)?;
+    }
+    let cpus = match (args.polling.cpus, &file.cpus) {
+        (Some(cpus), _) => Some(cpus),
+        (None, Some(text)) => Some(text.parse().context("config file: cpus")?),
+        (None, None) => None,
+    };
     let policy = args
         .policy
         .or(file.policy)
         .unwrap_or_else(|| fallow_pool::eviction::DEFAULT_POLICY.to_string());
-    Ok(Settings { config, lend, policy })
+    Ok(Settings { config, lend, policy, cpus })
 }
 
 /// Gossip settings from the flags, else the file (each argument is a flag's value and the
@@ -241,12 +259,9 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("engine settings (policy {})", settings.policy))?;
     let engine = Arc::new(Engine::new(engine_config));
     let governor = Governor::start(engine.clone(), &settings.lend).context("lending governor")?;
+    let poll_us = settings.config.read_polling.window.as_micros();
     let node = Arc::new(Node::new(engine, settings.config, Some(governor)));
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .thread_name("fallow-node")
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let runtime = server_runtime("fallow-node", settings.cpus.as_ref())?;
     runtime.block_on(async move {
         let server = Server::start(node.clone()).await?;
         let addrs: Vec<String> = server.local_addrs().iter().map(|a| a.to_string()).collect();
@@ -257,6 +272,8 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
             lend = %settings.lend,
             budget_bytes = node.engine().stats().budget_bytes,
             policy = %settings.policy,
+            poll_us,
+            cpus = %settings.cpus.as_ref().map_or("any".to_string(), CpuList::to_string),
             "fallow node ready"
         );
         wait_for_signal().await?;

@@ -16,6 +16,8 @@ use fallow_nbd::{Export, NbdServer};
 use fallow_node::lending::{parse_size, Governor, LendMode};
 use fallow_pool::{Engine, EngineBuilder};
 
+use super::serving::{server_runtime, PollingArgs};
+
 /// Lend this host's idle memory and export a disk image through it, in one process.
 ///
 /// On first run a sparse image of `--size` is created under the data directory; later runs
@@ -48,6 +50,8 @@ pub struct UpArgs {
     /// as a table.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    polling: PollingArgs,
 }
 
 fn default_data_dir() -> PathBuf {
@@ -99,11 +103,8 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     let most = usize::try_from(lend.most_bytes()).unwrap_or(usize::MAX);
     let engine = Arc::new(Engine::new(EngineBuilder::new(0).budget_up_to(most).build()?));
     let governor = Governor::start(engine.clone(), &lend).context("lending governor")?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .thread_name("fallow-up")
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let polling = args.polling.read_polling()?;
+    let runtime = server_runtime("fallow-up", args.polling.cpus.as_ref())?;
     runtime.block_on(async move {
         let pool = AsyncPageStore::create_pool(&*engine, &PoolSpec::ephemeral()).await?;
         let tier = PoolTier { store: engine.clone(), pool, object: 0 };
@@ -115,7 +116,8 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
             cache: cache.clone(),
             read_only: false,
         });
-        let server = NbdServer::start(std::slice::from_ref(&args.listen), vec![export], args.metrics).await?;
+        let listen = std::slice::from_ref(&args.listen);
+        let server = NbdServer::start_polling(listen, vec![export], args.metrics, polling).await?;
         crate::cmd::nbd::export_engine_memory(&server, engine.clone());
         let watch = match server.metrics_addr() {
             Some(addr) => format!("\n  watch it:\n    fallow stat --nbd {addr}\n"),
