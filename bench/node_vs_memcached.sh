@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
 # A fallow node against memcached, side by side in one run (DESIGN.md, "Targets"): starts
-# memcached (Debian package) and a fallow node on free ports of 127.0.0.1, then for every
-# configuration below runs `fallow bench pages` against each, alternating which goes first,
-# for several rounds; writes the medians and the fallow/memcached ratios, with the machine,
-# the commit and this command, between the node-vs-memcached markers of
-# docs/benchmarks-runs.md (BENCHMARKS.md summarises them).
+# memcached (Debian package) and two fallow nodes on free ports of 127.0.0.1, one that
+# sleeps between requests and one whose connections poll their socket (`--poll-us`), then
+# for every configuration below runs `fallow bench pages` against each, rotating which goes
+# first, for several rounds; each run also takes the server's CPU time over its measured
+# phase (`--server-pid`). Writes the medians, the node/memcached ratios and the CPU per
+# page, with the machine, the commit and this command, between the node-vs-memcached
+# markers of docs/benchmarks-runs.md (BENCHMARKS.md summarises them).
 #
 # Usage: bash bench/node_vs_memcached.sh [--rounds N] [--duration D] [--keys N]
-#                                        [--threads N] [--quick] [--no-write] [--memcached-only]
+#            [--threads N] [--poll-us US] [--poll-cpus LIST] [--only NAME,NAME]
+#            [--quick] [--no-write] [--memcached-only]
 #   --rounds N        rounds of every configuration on each server (default 5)
 #   --duration D      measured time of each run (default 3s)
 #   --keys N          key space (default 65536 = 256 MiB of pages)
 #   --threads N       load-generator threads (default 1)
+#   --poll-us US      the polling node's --poll-us (default 50; 0: no polling node)
+#   --poll-cpus LIST  the polling node's --cpus (default: its workers not pinned)
+#   --only NAMES      only these configurations (comma-separated names from the list below)
 #   --quick           1 round of 1 s: a smoke run, not numbers to publish
 #   --no-write        print the section, leave docs/benchmarks-runs.md alone
 #   --memcached-only  do not start a node (memcached figures only)
@@ -29,6 +35,9 @@ rounds=5
 duration=3s
 keys=65536
 threads=1
+poll_us=50
+poll_cpus=""
+only=""
 write=1
 with_node=1
 args_given="$*"
@@ -38,10 +47,13 @@ while (($#)); do
         --duration) duration=$2; shift 2 ;;
         --keys) keys=$2; shift 2 ;;
         --threads) threads=$2; shift 2 ;;
+        --poll-us) poll_us=$2; shift 2 ;;
+        --poll-cpus) poll_cpus=$2; shift 2 ;;
+        --only) only=$2; shift 2 ;;
         --quick) rounds=1; duration=1s; shift ;;
         --no-write) write=0; shift ;;
         --memcached-only) with_node=0; shift ;;
-        *) sed -n '8,21p' "$0" >&2; exit 2 ;;
+        *) sed -n '10,27p' "$0" >&2; exit 2 ;;
     esac
 done
 command_line="bash bench/node_vs_memcached.sh${args_given:+ $args_given}"
@@ -57,6 +69,17 @@ configs=(
     "dup-get-batched|dedup: get hit of 16 distinct pages, 2 conns, QD 4, batch 32|--workload get -c 2 -q 4 -b 32 --value dup --warmup"
     "dup-put-batched|dedup: put of 16 distinct pages, 2 conns, QD 4, batch 32|--workload put -c 2 -q 4 -b 32 --value dup"
 )
+if [[ -n $only ]]; then
+    chosen=()
+    for config in "${configs[@]}"; do
+        [[ ,$only, == *",${config%%|*},"* ]] && chosen+=("$config")
+    done
+    if ((${#chosen[@]} == 0)); then
+        echo "--only $only: no such configuration" >&2
+        exit 2
+    fi
+    configs=("${chosen[@]}")
+fi
 
 # shellcheck source=bench/lib.sh
 . bench/lib.sh
@@ -101,19 +124,29 @@ mc_pid=$!
 pids+=("$mc_pid")
 wait_listening "$mc_port" "$mc_pid"
 echo "memcached $(memcached -V | cut -d' ' -f2): pid $mc_pid, 127.0.0.1:$mc_port, -m 1024 -t 2 -I 2m" >&2
-targets=("memcached|memcached://127.0.0.1:$mc_port")
+# name|URL|PID of every server under test.
+targets=("memcached|memcached://127.0.0.1:$mc_port|$mc_pid")
 secret_args=()
+# start_node NAME FLAGS...: a fallow node lending 1 GiB, added to the targets.
+start_node() {
+    local name=$1 port pid
+    shift
+    port=$(free_port)
+    "$fallow" node --listen "127.0.0.1:$port" --lend 1G --secret-file "$work/secret" "$@" \
+        >"$out_dir/node-vs-memcached-$stamp.$name.log" 2>&1 &
+    pid=$!
+    pids+=("$pid")
+    wait_listening "$port" "$pid"
+    echo "$name: pid $pid, 127.0.0.1:$port, --lend 1G $*" >&2
+    targets=("${targets[@]}" "$name|fallow://127.0.0.1:$port|$pid")
+}
 if ((with_node)); then
-    node_port=$(free_port)
     new_secret "$work/secret"
-    "$fallow" node --listen "127.0.0.1:$node_port" --lend 1G --secret-file "$work/secret" \
-        >"$out_dir/node-vs-memcached-$stamp.node.log" 2>&1 &
-    node_pid=$!
-    pids+=("$node_pid")
-    wait_listening "$node_port" "$node_pid"
-    echo "fallow node: pid $node_pid, 127.0.0.1:$node_port, --lend 1G" >&2
-    targets=("fallow|fallow://127.0.0.1:$node_port" "${targets[@]}")
     secret_args=(--secret-file "$work/secret")
+    start_node fallow
+    if ((poll_us > 0)); then
+        start_node fallow-poll --poll-us "$poll_us" ${poll_cpus:+--cpus "$poll_cpus"}
+    fi
 fi
 
 step "3/5 machine"
@@ -126,7 +159,8 @@ machine=$(
 $(host_rows)
 | memcached | $(memcached -V) (\`-m 1024 -t 2 -I 2m\`) |
 $(run_rows "" "$command_line")
-| runs | $rounds rounds x ${#configs[@]} configurations x ${#targets[@]} servers, $duration each, $keys keys, $threads client thread(s), order alternating |
+| runs | $rounds rounds x ${#configs[@]} configurations x ${#targets[@]} servers, $duration each, $keys keys, $threads client thread(s), order rotating |
+| polling node | \`fallow node --poll-us $poll_us${poll_cpus:+ --cpus $poll_cpus}\` (\`fallow-poll\`; 0: none) |
 | date | $(date -u '+%Y-%m-%d %H:%M UTC') |
 EOF
 )
@@ -136,23 +170,23 @@ step "4/5 runs (raw JSON: $results)"
 for ((round = 1; round <= rounds; round++)); do
     for config in "${configs[@]}"; do
         IFS='|' read -r name _ bench_args <<<"$config"
-        # Alternate who goes first, so slow drift of the machine favours neither.
-        order=("${targets[@]}")
-        if ((round % 2 == 0)) && ((${#targets[@]} == 2)); then
-            order=("${targets[1]}" "${targets[0]}")
-        fi
+        # Rotate who goes first, so slow drift of the machine favours no server.
+        n=${#targets[@]}
+        order=()
+        for ((i = 0; i < n; i++)); do
+            order+=("${targets[(i + round) % n]}")
+        done
         for target in "${order[@]}"; do
-            IFS='|' read -r server url <<<"$target"
+            IFS='|' read -r server url server_pid <<<"$target"
             extra=()
-            [[ $server == fallow ]] && extra=("${secret_args[@]}")
-            server_pid=$mc_pid
-            [[ $server == fallow ]] && server_pid=$node_pid
+            [[ $server == fallow* ]] && extra=("${secret_args[@]}")
             cpu_sample "$server_pid" >"$work/before"
             # shellcheck disable=SC2086 # bench_args is a list of words by design
             line=$("$fallow" bench pages --target "$url" "${extra[@]}" $bench_args \
-                --keys "$keys" --duration "$duration" --threads "$threads" --json --quiet)
+                --keys "$keys" --duration "$duration" --threads "$threads" \
+                --server-pid "$server_pid" --json --quiet)
             cpu_sample "$server_pid" >"$work/after"
-            python3 - "$name" "$round" "$line" "$work/before" "$work/after" "$clk" \
+            python3 - "$name" "$round" "$line" "$work/before" "$work/after" "$clk" "$server" \
                 >>"$results" <<'EOF'
 import json, sys
 name, rnd, line = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -162,7 +196,8 @@ wall = max(w1 - w0, 1e-9)
 server, client = (s1 - s0) / clk, c1 - c0
 other = (b1 - b0) / clk - server - client
 r = json.loads(line)
-r["config"], r["round"] = name, rnd
+# The server's name in this script (fallow, fallow-poll, memcached), not its protocol.
+r["config"], r["round"], r["server"] = name, rnd, sys.argv[7]
 # CPUs kept busy during the run (warm-up included): by the server under test, by the load
 # generator, and by everything else (other processes, and steal time of this VM).
 r["server_cpus"], r["client_cpus"] = server / wall, client / wall
@@ -191,11 +226,12 @@ python3 bench/node_vs_memcached_table.py "$results" --configs "$work/configs" \
     echo "<!-- node-vs-memcached:start -->"
     echo "## A fallow node against memcached (4 KiB pages)"
     echo
-    echo "**Command:** \`$command_line\`. It starts memcached and a fallow node on 127.0.0.1,"
-    echo "runs \`fallow bench pages\` against each for every configuration, alternating which"
-    echo "goes first, and rewrites this section. The load generator runs on the same 2 CPUs"
-    echo "as the server under test, so every figure includes its cost; only the ratios are"
-    echo "meant to travel."
+    echo "**Command:** \`$command_line\`. It starts memcached and two fallow nodes on"
+    echo "127.0.0.1 (\`fallow\` sleeps between requests, \`fallow-poll\` polls its sockets),"
+    echo "runs \`fallow bench pages\` against each for every configuration, rotating which goes"
+    echo "first, and rewrites this section. The load generator runs on the same 2 CPUs as the"
+    echo "server under test, so every figure includes its cost; only the ratios are meant to"
+    echo "travel."
     echo
     echo "$machine"
     echo

@@ -6,8 +6,9 @@ pages --json` report per run, plus the script's `config`, `round` and CPU fields
 
 --configs names the configurations in table order, one `name|description` a line (the
 script passes its list); without it, they come from the results in order of appearance.
-Prints markdown on stdout: the figures with the fallow/memcached ratios, the CPU use of
-each side, and the targets of DESIGN.md with a verdict each.
+Prints markdown on stdout: the figures of each node (`fallow`, and `fallow-poll` when the
+run had a polling node) with its ratios to memcached, the CPU use of each side and the
+servers' CPU per page, and the targets of DESIGN.md and issue #27 with a verdict each.
 """
 
 import argparse
@@ -15,12 +16,18 @@ import json
 import statistics
 
 LATENCY = ("p50", "p99", "p999")
+# The nodes a run may have measured, in table order, and what each is.
+NODES = {"fallow": "sleeps between requests", "fallow-poll": "polls its sockets (`--poll-us`)"}
 # Other work, in CPUs, above which a row is flagged as disturbed.
 BUSY = 0.25
 
 
 def field(r, name):
-    return r["latency_us"][name] if name in LATENCY else r.get(name)
+    if name in LATENCY:
+        return r["latency_us"][name]
+    if name == "cpu_us_per_page":
+        return (r.get("server_cpu") or {}).get("us_per_page")
+    return r.get(name)
 
 
 def fmt(x, nd=0):
@@ -36,14 +43,18 @@ class Results:
         vals = [v for v in vals if v is not None]
         return statistics.median(vals) if vals else None
 
-    def paired(self, config, name):
-        """Median over rounds of fallow / memcached within one round: the two ran back to
-        back, so a slow spell of the shared machine mostly cancels out."""
+    def nodes(self):
+        servers = {r["server"] for r in self.rows}
+        return [n for n in NODES if n in servers]
+
+    def paired(self, config, name, node="fallow"):
+        """Median over rounds of node / memcached within one round: the two ran one just
+        after the other, so a slow spell of the shared machine mostly cancels out."""
         by_round = {}
         for r in self.rows:
             if r["config"] == config:
                 by_round.setdefault(r["round"], {})[r["server"]] = field(r, name)
-        ratios = [v["fallow"] / v["memcached"] for v in by_round.values() if v.get("fallow") is not None and v.get("memcached")]
+        ratios = [v[node] / v["memcached"] for v in by_round.values() if v.get(node) is not None and v.get("memcached")]
         return statistics.median(ratios) if ratios else None
 
     def best(self, server, configs):
@@ -54,16 +65,17 @@ class Results:
 
 
 def figures(res, desc):
-    print("| configuration | fallow pages/s | memcached pages/s | ratio | fallow p50 µs | memcached p50 µs "
-          "| p50 ratio | fallow p99 / p99.9 µs | memcached p99 / p99.9 µs |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| configuration | node | node pages/s | memcached pages/s | ratio | node p50 µs | memcached p50 µs "
+          "| p50 ratio | node p99 / p99.9 µs | memcached p99 / p99.9 µs |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for config, what in desc.items():
         med = lambda server, name, nd=0: fmt(res.median(config, server, name), nd)
         tail = lambda s: f"{med(s, 'p99', 1)} / {med(s, 'p999', 1)}"
-        print(f"| `{config}`: {what} | {med('fallow', 'pages_per_s')} | {med('memcached', 'pages_per_s')} "
-              f"| {fmt(res.paired(config, 'pages_per_s'), 2)} | {med('fallow', 'p50', 1)} "
-              f"| {med('memcached', 'p50', 1)} | {fmt(res.paired(config, 'p50'), 2)} "
-              f"| {tail('fallow')} | {tail('memcached')} |")
+        for node in res.nodes() or ["fallow"]:
+            print(f"| `{config}`: {what} | `{node}` | {med(node, 'pages_per_s')} | {med('memcached', 'pages_per_s')} "
+                  f"| {fmt(res.paired(config, 'pages_per_s', node), 2)} | {med(node, 'p50', 1)} "
+                  f"| {med('memcached', 'p50', 1)} | {fmt(res.paired(config, 'p50', node), 2)} "
+                  f"| {tail(node)} | {tail('memcached')} |")
 
 
 def cpu(res, desc):
@@ -74,15 +86,14 @@ def cpu(res, desc):
     print("(other processes, and the steal time of this VM; interrupt time is left out, as our own")
     print("loopback traffic fills it).")
     print()
-    print("| configuration | fallow node | its client | memcached | its client | other, fallow runs "
-          "| other, memcached runs |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    cols = [("fallow", "server_cpus"), ("fallow", "client_cpus"), ("memcached", "server_cpus"),
-            ("memcached", "client_cpus"), ("fallow", "other_cpus"), ("memcached", "other_cpus")]
+    servers = res.nodes() + ["memcached"]
+    print("| configuration | " + " | ".join(f"`{s}` | its client | other" for s in servers) + " |")
+    print("|---|" + "---:|---:|---:|" * len(servers))
     for config in desc:
-        cells = [fmt(res.median(config, s, name), 2) for s, name in cols]
+        cells = [fmt(res.median(config, s, name), 2) for s in servers
+                 for name in ("server_cpus", "client_cpus", "other_cpus")]
         print(f"| `{config}` | " + " | ".join(cells) + " |")
-    busy = [f"`{c}` ({s}, {res.median(c, s, 'other_cpus'):.2f})" for c in desc for s in ("fallow", "memcached")
+    busy = [f"`{c}` ({s}, {res.median(c, s, 'other_cpus'):.2f})" for c in desc for s in servers
             if (res.median(c, s, "other_cpus") or 0) > BUSY]
     if busy:
         print()
@@ -91,29 +102,52 @@ def cpu(res, desc):
               f"not always for the worse: in a VM a QD 1 round trip can be faster while other work keeps "
               f"the CPUs awake, as an idle vCPU is slow to wake. Rerun on a quiet machine before quoting "
               f"them.")
+    if any(r.get("server_cpu") for r in res.rows):
+        print()
+        print("Server CPU per page served (user + system time of the server's process over the measured "
+              "phase only, from `--server-pid`, divided by the pages it served; medians, µs), and each "
+              "node's per-round ratio to memcached:")
+        print()
+        nodes = res.nodes()
+        print("| configuration | " + " | ".join(f"`{s}`" for s in servers) + " | "
+              + " | ".join(f"`{n}` / memcached" for n in nodes) + " |")
+        print("|---|" + "---:|" * (len(servers) + len(nodes)))
+        for config in desc:
+            cells = [fmt(res.median(config, s, "cpu_us_per_page"), 2) for s in servers]
+            cells += [fmt(res.paired(config, "cpu_us_per_page", n), 2) for n in nodes]
+            print(f"| `{config}` | " + " | ".join(cells) + " |")
     return True
 
 
 def targets(res, desc):
-    servers = {r["server"] for r in res.rows}
     throughput = [c for c in desc if not c.endswith("qd1")]
     m_best, m_cfg = res.best("memcached", throughput)
-    print("| target | measured (medians) | met? |")
-    print("|---|---|---|")
-    for label, prefix in (("", ""), (" with dedup on", "dup-")):
-        q = f"{prefix}get-qd1"
-        p = res.paired(q, "p50")
-        met = "n/a" if p is None else ("yes" if p <= 1 else "**no**")
-        print(f"| get hit at QD 1{label}: p50 ≤ memcached's | fallow {fmt(res.median(q, 'fallow', 'p50'), 1)} µs, "
-              f"memcached {fmt(res.median(q, 'memcached', 'p50'), 1)} µs; per-round ratio {fmt(p, 2)} | {met} |")
-        mine = [c for c in throughput if c.startswith("dup-") == bool(prefix)]
-        f_best, f_cfg = res.best("fallow", mine)
-        if "fallow" in servers and f_best is not None and m_best:
-            met = "yes" if f_best >= 250_000 and f_best >= 2 * m_best else "**no**"
-            verdict = f"fallow {fmt(f_best)} (`{f_cfg}`), memcached's best {fmt(m_best)} (`{m_cfg}`): {f_best / m_best:.2f} ×"
-        else:
-            met, verdict = "n/a", f"fallow n/a, memcached's best {fmt(m_best)} (`{m_cfg}`)"
-        print(f"| pipelined/batched{label}: ≥ 250 k pages/s and ≥ 2 × memcached's best | {verdict} | {met} |")
+    print("| target | node | measured (medians) | met? |")
+    print("|---|---|---|---|")
+    for node in res.nodes() or ["fallow"]:
+        for label, prefix in (("", ""), (" with dedup on", "dup-")):
+            q = f"{prefix}get-qd1"
+            if q not in desc:
+                continue
+            p = res.paired(q, "p50", node)
+            met = "n/a" if p is None else ("yes" if p <= 1 else "**no**")
+            print(f"| get hit at QD 1{label}: p50 ≤ memcached's | `{node}` | {fmt(res.median(q, node, 'p50'), 1)} µs, "
+                  f"memcached {fmt(res.median(q, 'memcached', 'p50'), 1)} µs; per-round ratio {fmt(p, 2)} | {met} |")
+        for label, prefix in (("", ""), (" with dedup on", "dup-")):
+            mine = [c for c in throughput if c.startswith("dup-") == bool(prefix)]
+            f_best, f_cfg = res.best(node, mine)
+            if f_best is not None and m_best:
+                met = "yes" if f_best >= 250_000 and f_best >= 2 * m_best else "**no**"
+                verdict = f"{fmt(f_best)} (`{f_cfg}`), memcached's best {fmt(m_best)} (`{m_cfg}`): {f_best / m_best:.2f} ×"
+            else:
+                met, verdict = "n/a", f"n/a, memcached's best {fmt(m_best)} (`{m_cfg}`)"
+            print(f"| pipelined/batched{label}: ≥ 250 k pages/s and ≥ 2 × memcached's best | `{node}` | {verdict} | {met} |")
+        if "get-batched" in desc:
+            c = res.paired("get-batched", "cpu_us_per_page", node)
+            met = "n/a" if c is None else ("yes" if c <= 0.8 else "**no**")
+            mine, theirs = (fmt(res.median("get-batched", s, "cpu_us_per_page"), 2) for s in (node, "memcached"))
+            print(f"| server CPU per page at the same batched load (`get-batched`) ≤ 0.8 × memcached's | `{node}` "
+                  f"| {mine} µs, memcached {theirs} µs; per-round ratio {fmt(c, 2)} | {met} |")
 
 
 def main():

@@ -12,18 +12,22 @@
 //!  poll_read ─▶ inner poll_read ─ Ready ─────────────────────────────▶ data, EOF or error
 //!                  │ Pending (waker registered)
 //!                  ▼
-//!   window open? ─ no ─▶ Pending: parked until the reactor wakes the task
-//!                  │ yes: the last data came less than `window` ago
+//!   given up? ─ yes (and no probe due) ─▶ Pending: parked until the reactor wakes the task
+//!                  │ no
 //!                  ▼
 //!   recv(MSG_DONTWAIT) again and again ─ bytes, EOF, error ─▶ returned at once
-//!                  │ nothing when the window closes
+//!                  │ nothing for `window`
 //!                  ▼
 //!   Pending (the waker is registered: the next data wakes the task as usual)
 //! ```
 //!
-//! Adaptive: the window runs from the last read that returned data, so a busy connection
-//! keeps spinning from one request to the next, and an idle one spins once, for what is
-//! left of the window, and then parks until data wakes it the usual way.
+//! The window runs from the moment the read would park, the end of the last request's
+//! work, so it covers the client's turn: a client that answers within it keeps the
+//! connection spinning from one request to the next. Adaptive: a connection whose windows
+//! pass empty twice in a row (an idle one, or a client slower than the window) stops
+//! spinning, except for a probe every 16 requests; a probe that catches data resumes it.
+//! An idle connection costs one or two windows of CPU, then parks until data wakes it the
+//! usual way.
 //!
 //! The cost: the thread that polls the task spins, so a tokio worker is busy (a core, while
 //! the connection has requests coming) and runs nothing else for up to a window at a time.
@@ -113,10 +117,9 @@ fn set_kernel_busy_poll(stream: &tokio::net::TcpStream, window: Duration) -> io:
 #[derive(Debug)]
 pub struct BusyPoll<S> {
     inner: S,
-    /// Zero: every call goes straight to `inner`.
+    /// How long a read that would park spins first. Zero: every call goes straight to
+    /// `inner`.
     window: Duration,
-    /// When a read last returned data (or the stream was made): the window runs from here.
-    last_data: Instant,
     /// Windows in a row that passed with nothing; from [`GIVE_UP_AFTER`] on, reads do not
     /// spin, except for a probe every [`PROBE_EVERY`] reads that return data.
     empty: u32,
@@ -140,14 +143,7 @@ const PROBE_EVERY: u32 = 16;
 impl<S> BusyPoll<S> {
     /// Wraps `inner`, polling for `window` (cut to [`MAX_WINDOW`]; zero: no polling).
     pub fn new(inner: S, window: Duration) -> BusyPoll<S> {
-        BusyPoll {
-            inner,
-            window: window.min(MAX_WINDOW),
-            last_data: Instant::now(),
-            empty: 0,
-            unspun: 0,
-            spins: 0,
-        }
+        BusyPoll { inner, window: window.min(MAX_WINDOW), empty: 0, unspun: 0, spins: 0 }
     }
 
     /// The stream inside.
@@ -165,8 +161,7 @@ impl<S: AsFd> BusyPoll<S> {
     /// The inner stream would park: polls the socket until data, EOF or an error comes, or
     /// the window closes (`Pending`; the inner poll registered the waker).
     fn spin(&mut self, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        let deadline = self.last_data + self.window;
-        if buf.remaining() == 0 || Instant::now() >= deadline {
+        if buf.remaining() == 0 {
             return Poll::Pending;
         }
         if self.given_up() {
@@ -175,6 +170,10 @@ impl<S: AsFd> BusyPoll<S> {
             }
             self.unspun = 0;
         }
+        // The window runs from the moment the connection would park, that is from the end
+        // of the last request's work: what it must cover is the client's turn (its
+        // wake-up, its next request, the way back), whatever the server's work took.
+        let deadline = Instant::now() + self.window;
         self.spins += 1;
         let dst = buf.initialize_unfilled_to(buf.remaining().min(SPIN_READ_MAX));
         let received = loop {
@@ -198,9 +197,6 @@ impl<S: AsFd> BusyPoll<S> {
         let n = received?;
         // `n` is at most the length of `dst`, all of it initialised above; zero is EOF.
         buf.advance(n);
-        if n > 0 {
-            self.last_data = Instant::now();
-        }
         Poll::Ready(Ok(()))
     }
 }
@@ -218,11 +214,8 @@ impl<S: AsyncRead + AsFd + Unpin> AsyncRead for BusyPoll<S> {
         let before = buf.filled().len();
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
-                if buf.filled().len() > before {
-                    this.last_data = Instant::now();
-                    if this.given_up() {
-                        this.unspun = this.unspun.saturating_add(1);
-                    }
+                if buf.filled().len() > before && this.given_up() {
+                    this.unspun = this.unspun.saturating_add(1);
                 }
                 Poll::Ready(Ok(()))
             }
@@ -349,45 +342,36 @@ mod tests {
     }
 
     #[test]
-    fn an_idle_connection_spins_once_then_parks_until_data_comes() {
+    fn an_idle_read_spins_for_one_window_then_parks_until_data_comes() {
         let (rt, server, mut client) = pair();
-        let window = Duration::from_millis(20);
-        let mut polled = BusyPoll::new(server, window);
-        // Made longer ago than its window: no spin at all.
-        std::thread::sleep(window * 2);
+        let mut polled = BusyPoll::new(server, Duration::from_millis(5));
+        // Nothing comes: one window spun, then Pending.
         assert!(poll_once(&mut polled).is_none());
-        assert_eq!(polled.spins, 0);
-        // The reactor delivers the next data; the window starts again from it.
+        assert_eq!((polled.spins, polled.empty), (1, 1));
+        // The waker the inner stream registered brings the data that comes later, and a
+        // read that finds data clears the count of empty windows.
         client.write_all(b"a").unwrap();
         let mut one = [0u8; 1];
         rt.block_on(polled.read_exact(&mut one)).unwrap();
         assert_eq!(&one, b"a");
-        // Pending only once the window has passed (spinning for what was left of it, if
-        // anything was): from then on, no read spins until new data comes.
-        assert!(poll_once(&mut polled).is_none());
-        let spins = polled.spins;
-        assert!(spins <= 1);
-        assert!(poll_once(&mut polled).is_none());
-        assert_eq!(polled.spins, spins, "no second window without new data");
-        // The waker the inner stream registered still brings the data that comes later.
+        assert!(polled.empty <= 1);
         client.write_all(b"b").unwrap();
-        rt.block_on(polled.read_exact(&mut one)).unwrap();
-        assert_eq!(&one, b"b");
+        assert_eq!(poll_once(&mut polled).unwrap().unwrap(), b"b", "the spin finds it");
+        assert_eq!(polled.empty, 0);
     }
 
     #[test]
     fn spinning_stops_after_empty_windows_and_a_probe_resumes_it() {
         let (rt, server, mut client) = pair();
-        let mut polled = BusyPoll::new(server, LONG);
-        // Windows that pass empty: each opened to end a few milliseconds from now.
+        // Short windows that pass empty.
+        let mut polled = BusyPoll::new(server, Duration::from_millis(5));
         for _ in 0..GIVE_UP_AFTER {
             assert!(!polled.given_up());
-            polled.last_data = Instant::now() - LONG + Duration::from_millis(5);
             assert!(poll_once(&mut polled).is_none());
         }
         assert!(polled.given_up());
-        // Given up: a whole window open, and no spin.
-        polled.last_data = Instant::now();
+        // Given up: no spin, however long the window.
+        polled.window = LONG;
         let spins = polled.spins;
         assert!(poll_once(&mut polled).is_none());
         assert_eq!(polled.spins, spins);

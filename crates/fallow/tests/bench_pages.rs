@@ -36,10 +36,11 @@ fn start_memcached() -> Option<(KillOnDrop, u16)> {
 
 #[test]
 fn json_report_against_memcached() {
-    let Some((_mc, port)) = start_memcached() else { return };
+    let Some((mc, port)) = start_memcached() else { return };
     let out = fallow()
         .args(["bench", "pages", "--target", &format!("memcached://127.0.0.1:{port}")])
         .args(["--keys", "500", "--warmup", "-q", "4", "-b", "4", "-d", "1200ms", "--json"])
+        .args(["--server-pid", &mc.pid().to_string()])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -54,6 +55,16 @@ fn json_report_against_memcached() {
     for q in ["p50", "p99", "p999"] {
         assert!(v["latency_us"][q].as_f64().unwrap() > 0.0, "{q}");
     }
+    // memcached's CPU time over the measured 1.2 s: counted in 10 ms ticks, so possibly
+    // zero, and never more than the host's CPUs could give it.
+    let cpu = &v["server_cpu"];
+    assert_eq!(cpu["pid"], mc.pid(), "{v}");
+    let host = std::thread::available_parallelism().unwrap().get() as f64;
+    let (seconds, cpus) = (cpu["seconds"].as_f64().unwrap(), cpu["cpus"].as_f64().unwrap());
+    assert!(seconds >= 0.0 && (0.0..host + 0.1).contains(&cpus), "{cpu}");
+    let per_page = cpu["us_per_page"].as_f64().unwrap();
+    let pages = v["pages"].as_f64().unwrap();
+    assert!((per_page - seconds * 1e6 / pages).abs() < 1e-6, "{cpu}");
     // One progress line a second on stderr.
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.lines().any(|l| l.starts_with("measure") && l.contains("pages/s")), "{stderr}");
@@ -67,6 +78,7 @@ fn bad_arguments_fail_with_a_clear_message() {
         (&["--target", "memcached://127.0.0.1:1", "--dist", "zipf:-1"], "theta"),
         (&["--target", "fallow://127.0.0.1:1"], "--secret-file"),
         (&["--target", "memcached://127.0.0.1:1", "-q", "0"], "queue depth"),
+        (&["--target", "memcached://127.0.0.1:1", "--server-pid", "4294967295"], "server PID"),
     ];
     for (args, want) in cases {
         let out = fallow().args(["bench", "pages", "-d", "100ms"]).args(*args).output().unwrap();

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
 
 use super::cluster::{ClusterReport, ClusterSnapshot};
-use super::report::{rss_bytes, PagesReport, Rss, Stats};
+use super::report::{process_cpu_seconds, rss_bytes, PagesReport, Rss, ServerCpu, Stats};
 use super::workload::RequestGen;
 use super::{fallow, memcached, KeyGen, PagesError, PagesOptions, Target};
 
@@ -101,12 +101,18 @@ async fn run_on_runtime(
         (gens, opts.queue_depth)
     };
     let duration = Some(opts.duration);
+    let server_cpu = |pid| process_cpu_seconds(pid).map_err(PagesError::Options);
+    let cpu_before = opts.server_pid.map(server_cpu).transpose()?;
     let (conns, stats, took) =
         phase(conns, Phase::Measure, duration, opts.timeline, every, on_tick, plan).await?;
+    let cpu_after = opts.server_pid.map(server_cpu).transpose()?;
     let end = snapshot(&conns);
     rss.end = rss_bytes();
     let mut report = report(opts, &stats, took, warmup);
     report.rss = rss;
+    if let (Some(pid), Some(before), Some(after)) = (opts.server_pid, cpu_before, cpu_after) {
+        report.server_cpu = Some(ServerCpu::new(pid, after - before, &report));
+    }
     // Every fallow handle shares one client and pool: finishing one finishes the run.
     if let Some(Conn::Fallow(c)) = conns.first() {
         if let (Some(connected), Some(end)) = (connected, end) {
@@ -323,6 +329,7 @@ fn report(
         first_error: stats.first_error.clone(),
         latency_us: stats.latency(),
         rss: Rss::default(),
+        server_cpu: None,
         cluster: None,
         timeline: stats.timeline(),
     }

@@ -160,6 +160,9 @@ pub struct PagesOptions {
     /// At most this many requests per second over all loops of the measured phase
     /// (fallow targets only; `None`: as fast as replies come).
     pub rate: Option<f64>,
+    /// A local server's process: its CPU time over the measured phase goes into the report
+    /// ([`PagesReport::server_cpu`]).
+    pub server_pid: Option<u32>,
 }
 
 impl PagesOptions {
@@ -183,11 +186,17 @@ impl PagesOptions {
             seed: 1,
             timeline: false,
             rate: None,
+            server_pid: None,
         }
     }
 
     fn validate(&self) -> Result<(), PagesError> {
         let bad = |what: String| Err(PagesError::Options(what));
+        if let Some(pid) = self.server_pid {
+            // Before connecting: a wrong PID is refused at once, not after the run.
+            report::process_cpu_seconds(pid)
+                .map_err(|e| PagesError::Options(format!("server PID: {e}")))?;
+        }
         if self.connections == 0 || self.connections > MAX_CONNECTIONS {
             return bad(format!("connections must be 1 to {MAX_CONNECTIONS}"));
         }

@@ -157,6 +157,49 @@ pub(crate) fn rss_bytes() -> Option<u64> {
     Some(kib.parse::<u64>().ok()? * 1024)
 }
 
+/// The CPU time (user + system) process `pid` has used so far, in seconds, from
+/// `/proc/PID/stat`.
+pub(crate) fn process_cpu_seconds(pid: u32) -> Result<f64, String> {
+    let path = format!("/proc/{pid}/stat");
+    let stat = std::fs::read_to_string(&path).map_err(|e| format!("reading {path}: {e}"))?;
+    // The command name (field 2) may hold spaces and parentheses; the fields after its
+    // last ')' are plain. utime and stime (fields 14 and 15) are the 12th and 13th of those.
+    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let mut ticks = after_name.split_whitespace().skip(11).take(2).map(str::parse::<u64>);
+    let (Some(Ok(user)), Some(Ok(system))) = (ticks.next(), ticks.next()) else {
+        return Err(format!("{path}: no utime and stime fields"));
+    };
+    let per_second = rustix::param::clock_ticks_per_second().max(1);
+    Ok((user + system) as f64 / per_second as f64)
+}
+
+/// What a local server spent on the measured phase (`--server-pid`): its CPU time, the
+/// way to compare servers at the same load (a node against memcached).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct ServerCpu {
+    /// The server's process.
+    pub pid: u32,
+    /// Its user + system time over the measured phase, in seconds (the kernel counts in
+    /// ticks, 10 ms each, so short runs are coarse).
+    pub seconds: f64,
+    /// `seconds` per wall-clock second of the phase: the CPUs it kept busy.
+    pub cpus: f64,
+    /// `seconds` per page served, in µs.
+    pub us_per_page: f64,
+}
+
+impl ServerCpu {
+    /// `seconds` of CPU over the measured phase of `report`.
+    pub(crate) fn new(pid: u32, seconds: f64, report: &PagesReport) -> ServerCpu {
+        ServerCpu {
+            pid,
+            seconds,
+            cpus: seconds / report.seconds.max(1e-9),
+            us_per_page: seconds * 1e6 / report.pages.max(1) as f64,
+        }
+    }
+}
+
 /// The load generator's resident set at three moments of the run, in bytes (`None`: not
 /// known). The growth over the warm-up is what the client keeps per page put (with a
 /// cluster target, its summary), plus the allocator's noise.
@@ -257,6 +300,9 @@ pub struct PagesReport {
     pub latency_us: Latency,
     /// The load generator's resident set.
     pub rss: Rss,
+    /// The server's CPU time over the measured phase (`PagesOptions::server_pid`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_cpu: Option<ServerCpu>,
     /// Cluster targets: the client's nodes and summary, and node state changes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cluster: Option<super::ClusterReport>,
@@ -318,6 +364,13 @@ impl fmt::Display for PagesReport {
             "latency µs   p50 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}  mean {:.1}",
             l.p50, l.p99, l.p999, l.max, l.mean
         )?;
+        if let Some(c) = &self.server_cpu {
+            write!(
+                f,
+                "\nserver CPU   {:.2} s ({:.2} CPUs), {:.2} µs per page (pid {})",
+                c.seconds, c.cpus, c.us_per_page, c.pid
+            )?;
+        }
         if let Some(c) = &self.cluster {
             let s = c.after_warmup.as_ref().unwrap_or(&c.end);
             let per_page = s.summary_heap_bytes as f64 / s.summary_pages.max(1) as f64;
@@ -365,6 +418,24 @@ mod tests {
         let l = s.latency();
         assert!(l.p50 >= 2000.0 && l.p50 < 60_000.0, "{l:?}");
         assert!(l.p50 <= l.p99 && l.p99 <= l.p999 && l.p999 <= l.max);
+    }
+
+    #[test]
+    fn a_process_cpu_time_grows_with_work_and_a_missing_process_is_an_error() {
+        let me = std::process::id();
+        let before = process_cpu_seconds(me).unwrap();
+        // Work until the kernel has counted two more ticks (bounded: 10 s of CPU).
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut x = 0u64;
+        while process_cpu_seconds(me).unwrap() < before + 0.015 {
+            assert!(std::time::Instant::now() < deadline, "no CPU time counted");
+            for i in 0..100_000u64 {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+            }
+        }
+        // PIDs stop well below this (pid_max is at most 2^22).
+        let err = process_cpu_seconds(u32::MAX).unwrap_err();
+        assert!(err.contains("/proc/4294967295/stat"), "{err}");
     }
 
     #[test]
@@ -458,6 +529,7 @@ mod tests {
             first_error: None,
             latency_us: Latency { p50: 15.0, p99: 40.0, p999: 90.0, max: 100.0, mean: 16.0 },
             rss: Rss::default(),
+            server_cpu: None,
             cluster: None,
             timeline: Vec::new(),
         };

@@ -162,6 +162,10 @@ pub struct PagesArgs {
     /// Seed of the keys, the mix and the page contents.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// The server's process ID, when it runs on this host: its CPU time (user + system)
+    /// over the measured phase is reported, in all and per page (`server_cpu` in JSON).
+    #[arg(long, value_name = "PID")]
+    server_pid: Option<u32>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -225,6 +229,7 @@ fn bench_pages(args: PagesArgs) -> anyhow::Result<()> {
     opts.seed = args.seed;
     opts.timeline = args.timeline.is_some();
     opts.rate = args.rate;
+    opts.server_pid = args.server_pid;
     let quiet = args.quiet;
     let report = pages::run(&opts, |tick| {
         if !quiet {
