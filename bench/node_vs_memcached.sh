@@ -204,11 +204,11 @@ r["server_cpus"], r["client_cpus"] = server / wall, client / wall
 r["other_cpus"] = max(other, 0.0) / wall
 print(json.dumps(r))
 EOF
-            python3 - "$line" "$name" "$round" <<'EOF' >&2
+            python3 - "$line" "$name" "$round" "$server" <<'EOF' >&2
 import json, sys
 r = json.loads(sys.argv[1])
 l = r["latency_us"]
-print(f"round {sys.argv[3]} {sys.argv[2]:<16} {r['server']:<9} {r['pages_per_s']:>10.0f} pages/s"
+print(f"round {sys.argv[3]} {sys.argv[2]:<16} {sys.argv[4]:<11} {r['pages_per_s']:>10.0f} pages/s"
       f"  p50 {l['p50']:7.1f}  p99 {l['p99']:8.1f}  p99.9 {l['p999']:8.1f} µs"
       f"  hits {r['hits']} misses {r['misses']} wrong {r['wrong']}")
 EOF

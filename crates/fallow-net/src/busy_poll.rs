@@ -38,7 +38,8 @@
 //! On TCP the socket also gets `SO_BUSY_POLL` (the same window), for network devices whose
 //! driver supports it: each `recv` then polls the device's receive queue as well. Above
 //! `net.core.busy_read` the kernel allows it only with `CAP_NET_ADMIN`, and loopback has no
-//! such queue: there it does nothing (`BENCHMARKS.md`, "A fallow node against memcached").
+//! such queue: there it does nothing, and what `BENCHMARKS.md` measures on loopback ("A
+//! fallow node against memcached") is this module's polling alone.
 
 use std::io;
 use std::os::fd::AsFd;
