@@ -16,7 +16,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use fallow_testkit::guest::{ext4_image, Disk, Guest, GuestOutput, GuestSpec, MinimalImage};
+use fallow_testkit::guest::{ext4_image, Disk, Guest, GuestSpec, MinimalImage};
+use support::guests::{guest_image, run_guest};
 use support::{free_port, nbd_serving_uri, start_node, Daemon, KillOnDrop, TempDir};
 
 const START: Duration = Duration::from_secs(30);
@@ -24,28 +25,6 @@ const START: Duration = Duration::from_secs(30);
 /// The store's latency for reads and writes: slow enough that a cache matters, fast
 /// enough for a test.
 const STORE_DELAY: &str = "1ms";
-
-/// The minimal guest image, or `None` (after saying why) when guests cannot run here and
-/// the run does not require them.
-fn guest_image() -> Option<MinimalImage> {
-    let required = std::env::var("FALLOW_REQUIRE_GUESTS").is_ok_and(|v| v == "1");
-    let missing: Vec<&str> =
-        ["qemu-system-x86_64", "nbdkit"].into_iter().filter(|t| !support::have(t)).collect();
-    if !missing.is_empty() {
-        let why = format!("{} not installed (Debian qemu-system-x86, nbdkit)", missing.join(", "));
-        assert!(!required, "FALLOW_REQUIRE_GUESTS=1 but {why}");
-        eprintln!("skipped: {why}");
-        return None;
-    }
-    match MinimalImage::get() {
-        Ok(image) => Some(image),
-        Err(e) => {
-            assert!(!required, "FALLOW_REQUIRE_GUESTS=1 but the guest image failed: {e}");
-            eprintln!("skipped: {e}");
-            None
-        }
-    }
-}
 
 /// The store, the node and the export in front of them.
 struct Stack {
@@ -130,22 +109,6 @@ impl Stack {
     }
 }
 
-/// Boots a guest and waits for it to finish; panics with its console if it fails, or if
-/// its kernel logged an I/O error.
-fn run_guest(image: &MinimalImage, spec: &GuestSpec) -> GuestOutput {
-    let out = Guest::boot(image, spec).and_then(Guest::finish).unwrap_or_else(|e| panic!("{e}"));
-    eprintln!("guest finished in {:.1?} ({})", out.elapsed, out.accel.name());
-    for (key, value) in out.results() {
-        eprintln!("  {key}: {value}");
-    }
-    assert!(
-        !out.console.iter().any(|l| l.contains("I/O error")),
-        "the guest's kernel saw I/O errors:\n{}",
-        out.console_text()
-    );
-    out
-}
-
 /// Runs `fallow-guest-tool verify FILE FIRST COUNT SEED` on the host and returns its
 /// report line; panics unless every block matched.
 fn verify_on_host(image: &MinimalImage, file: &Path, first: u64, count: u64, seed: u64) -> String {
@@ -168,7 +131,7 @@ fn sparse_file(dir: &Path, name: &str, size: u64) -> PathBuf {
 }
 
 fn writes_syncs_and_verifies(policy: &str) {
-    let Some(image) = guest_image() else { return };
+    let Some(image) = guest_image(&["nbdkit"]) else { return };
     let mut stack = Stack::new(&format!("guest-pattern-{policy}"), |dir| {
         sparse_file(dir, "store.img", 64 << 20)
     });
@@ -208,7 +171,7 @@ fn synced(console: &[String]) -> u64 {
 
 #[test]
 fn what_a_guest_synced_survives_a_sigkill_of_a_write_back_export() {
-    let Some(image) = guest_image() else { return };
+    let Some(image) = guest_image(&["nbdkit"]) else { return };
     let mut stack = Stack::new("guest-kill", |dir| sparse_file(dir, "store.img", 64 << 20));
     let uri = stack.start_export("back");
     // 32 MiB of blocks, synced every 64: far more than the guest writes before the kill.
@@ -280,7 +243,7 @@ echo "FALLOW-RESULT archive $(md5sum archive.tar | cut -d' ' -f1)"
 
 #[test]
 fn an_ext4_root_a_guest_worked_on_through_fallow_stays_clean() {
-    let Some(image) = guest_image() else { return };
+    let Some(image) = guest_image(&["nbdkit"]) else { return };
     let mut stack = Stack::new("guest-ext4", |dir| {
         let tree = dir.join("tree");
         root_tree(&image, &tree);

@@ -18,36 +18,17 @@ use std::time::Duration;
 use fallow_testkit::guest::{Disk, Guest, GuestOutput, GuestSpec, MinimalImage};
 use support::{Daemon, TempDir};
 
+/// [`support::guests::run_guest`], which must also exit 0.
+fn run_guest(image: &MinimalImage, spec: &GuestSpec) -> GuestOutput {
+    let out = support::guests::run_guest(image, spec);
+    assert_eq!(out.exit_code, 0, "{}", out.console_text());
+    out
+}
+
 const START: Duration = Duration::from_secs(30);
 
 /// Bytes of the test disk.
 const DISK_BYTES: u64 = 64 << 20;
-
-/// The minimal guest image, or `None` (after saying why) when guests cannot run here and
-/// the run does not require them.
-fn guest_image() -> Option<MinimalImage> {
-    let required = std::env::var("FALLOW_REQUIRE_GUESTS").is_ok_and(|v| v == "1");
-    if !support::have("qemu-system-x86_64") {
-        let why = "qemu-system-x86_64 not installed (Debian qemu-system-x86)";
-        assert!(!required, "FALLOW_REQUIRE_GUESTS=1 but {why}");
-        eprintln!("skipped: {why}");
-        return None;
-    }
-    match MinimalImage::get() {
-        Ok(image) => Some(image),
-        Err(e) => {
-            assert!(!required, "FALLOW_REQUIRE_GUESTS=1 but the guest image failed: {e}");
-            eprintln!("skipped: {e}");
-            None
-        }
-    }
-}
-
-/// The socket path in a `fallow vhost: serving NAME at PATH` line.
-fn vhost_socket(line: &str) -> Option<PathBuf> {
-    let rest = line.strip_prefix("fallow vhost: serving ")?;
-    Some(PathBuf::from(rest.split_once(" at ")?.1.trim()))
-}
 
 /// A store file and `fallow vhost` serving it as export `disk`.
 struct Stack {
@@ -83,7 +64,7 @@ impl Stack {
                 .stdin(Stdio::null()),
             "socket",
             START,
-            vhost_socket,
+            support::vhost_socket,
         );
         assert_eq!(socket, self.socket);
         self.vhost = Some(daemon);
@@ -107,23 +88,6 @@ impl Stack {
     fn disk(&self) -> Disk {
         Disk::VhostUser { socket: self.socket.clone(), queues: 2 }
     }
-}
-
-/// Boots a guest and waits for it to finish; panics with its console if it fails, or if
-/// its kernel logged an I/O error.
-fn run_guest(image: &MinimalImage, spec: &GuestSpec) -> GuestOutput {
-    let out = Guest::boot(image, spec).and_then(Guest::finish).unwrap_or_else(|e| panic!("{e}"));
-    eprintln!("guest finished in {:.1?} ({})", out.elapsed, out.accel.name());
-    for (key, value) in out.results() {
-        eprintln!("  {key}: {value}");
-    }
-    assert!(
-        !out.console.iter().any(|l| l.contains("I/O error")),
-        "the guest's kernel saw I/O errors:\n{}",
-        out.console_text()
-    );
-    assert_eq!(out.exit_code, 0, "{}", out.console_text());
-    out
 }
 
 /// Runs the guest tool on the host (`verify FILE FIRST COUNT SEED` or `zeros FILE FIRST
@@ -171,7 +135,7 @@ fallow-guest-tool verify /dev/vda 1280 768 41 || exit 18
 
 #[test]
 fn a_guest_on_vhost_user_blk_sees_its_disk_writes_discards_zeroes_and_verifies() {
-    let Some(image) = guest_image() else { return };
+    let Some(image) = support::guests::guest_image(&[]) else { return };
     let mut stack = Stack::new("vhost-guest-data");
     stack.start("back", &[]);
     let spec = GuestSpec::new(GEOMETRY_AND_DATA).cpus(2).disk(stack.disk());
@@ -193,7 +157,7 @@ fn a_guest_on_vhost_user_blk_sees_its_disk_writes_discards_zeroes_and_verifies()
 
 #[test]
 fn a_qemu_killed_mid_write_leaves_the_device_serving_the_next_qemu() {
-    let Some(image) = guest_image() else { return };
+    let Some(image) = support::guests::guest_image(&[]) else { return };
     let mut stack = Stack::new("vhost-guest-kill");
     // Polling queue threads, so that the spinning path is the one under test here.
     stack.start("back", &["--poll-us", "200"]);
@@ -225,7 +189,7 @@ fn a_qemu_killed_mid_write_leaves_the_device_serving_the_next_qemu() {
 
 #[test]
 fn a_guest_carries_on_when_fallow_vhost_restarts_under_it() {
-    let Some(image) = guest_image() else { return };
+    let Some(image) = support::guests::guest_image(&[]) else { return };
     let mut stack = Stack::new("vhost-guest-restart");
     stack.start("through", &[]);
     // The guest waits after its first phase while the host restarts fallow vhost; QEMU

@@ -16,12 +16,6 @@ use support::{Daemon, TempDir};
 
 const START: Duration = Duration::from_secs(30);
 
-/// The socket path in a `fallow vhost: serving NAME at PATH` line.
-fn vhost_socket(line: &str) -> Option<PathBuf> {
-    let rest = line.strip_prefix("fallow vhost: serving ")?;
-    Some(PathBuf::from(rest.split_once(" at ")?.1.trim()))
-}
-
 /// The address in a `fallow vhost: also serving NBD at ADDR` line.
 fn nbd_addr(line: &str) -> Option<String> {
     line.strip_prefix("fallow vhost: also serving NBD at ").map(|a| a.trim().to_string())
@@ -40,7 +34,7 @@ fn start(dir: &Path, args: &[&str]) -> (Daemon, PathBuf) {
             .stdin(Stdio::null()),
         "socket",
         START,
-        vhost_socket,
+        support::vhost_socket,
     )
 }
 

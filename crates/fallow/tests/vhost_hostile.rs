@@ -9,13 +9,9 @@
 //! chain is published, differs only there); and that the next valid request still works. At the end `fallow vhost` must stop cleanly on SIGTERM, its
 //! log free of panics.
 
-// A list of writable buffers is often the status byte alone: `&[status..status + 1]`.
-#![expect(clippy::single_range_in_vec_init, reason = "lists of guest-memory ranges")]
-
 mod support;
 
 use std::ops::Range;
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -52,6 +48,10 @@ impl Area {
     fn status(self) -> u64 {
         self.start + 16384 + 7 // not aligned: nothing relies on it
     }
+    /// The status byte, as the range the device may write.
+    fn status_range(self) -> Range<u64> {
+        self.status()..self.status() + 1
+    }
     fn table(self) -> u64 {
         self.start + 20480
     }
@@ -67,12 +67,6 @@ struct Stack {
     /// The first descriptor index the driver's own requests leave free.
     first: u16,
     _dir: TempDir,
-}
-
-/// The socket path in a `fallow vhost: serving NAME at PATH` line.
-fn vhost_socket(line: &str) -> Option<PathBuf> {
-    let rest = line.strip_prefix("fallow vhost: serving ")?;
-    Some(PathBuf::from(rest.split_once(" at ")?.1.trim()))
 }
 
 impl Stack {
@@ -92,7 +86,7 @@ impl Stack {
                 .stdin(Stdio::null()),
             "socket",
             START,
-            vhost_socket,
+            support::vhost_socket,
         );
         let driver = Driver::vhost_user(&socket, &DriverOptions::default()).unwrap();
         assert_eq!(driver.capacity(), DISK_BYTES);
@@ -124,6 +118,33 @@ impl Stack {
         let changed = before.changes(mem, writable).unwrap();
         assert!(changed.is_empty(), "{case}: written outside its writable buffers: {changed:x?}");
         (used, mem.read_u8(area.status()).unwrap())
+    }
+
+    /// Places `chain` at the first free descriptor and [`Stack::answer`]s it.
+    fn send(
+        &mut self,
+        case: &str,
+        area: Area,
+        chain: &[Descriptor],
+        writable: &[Range<u64>],
+    ) -> (Used, u8) {
+        let head = self.driver.place_chain(0, self.first, chain).unwrap();
+        self.answer(case, area, head, writable)
+    }
+
+    /// Sends `chain`, which the device must answer with `want`, writing nothing outside
+    /// `writable`; then the next valid request must work.
+    fn refused(
+        &mut self,
+        case: &str,
+        area: Area,
+        chain: &[Descriptor],
+        writable: &[Range<u64>],
+        want: Status,
+    ) {
+        let got = self.send(case, area, chain, writable);
+        answered(case, got, want);
+        self.still_works(case);
     }
 
     /// The next valid request works: a block written and read back.
@@ -159,71 +180,39 @@ fn hostile_chains_are_refused_and_the_device_goes_on() {
     // Each case: a name, then the chain, the expected answer.
     let case = "a header shorter than 16 bytes";
     let a = s.area(read, 0);
-    let head = s
-        .driver
-        .place_chain(
-            0,
-            first,
-            &[
-                Descriptor::readable(a.header(), 8),
-                Descriptor::writable(a.data(), 4096),
-                Descriptor::writable(a.status(), 1),
-            ],
-        )
-        .unwrap();
-    let got = s.answer(case, a, head, &[a.status()..a.status() + 1]);
-    answered(case, got, Status::IoErr);
-    s.still_works(case);
+    let chain = [
+        Descriptor::readable(a.header(), 8),
+        Descriptor::writable(a.data(), 4096),
+        Descriptor::writable(a.status(), 1),
+    ];
+    s.refused(case, a, &chain, &[a.status_range()], Status::IoErr);
 
     let case = "a header the device may write";
     let a = s.area(read, 0);
-    let head = s
-        .driver
-        .place_chain(
-            0,
-            first,
-            &[
-                Descriptor::writable(a.header(), 16),
-                Descriptor::writable(a.data(), 4096),
-                Descriptor::writable(a.status(), 1),
-            ],
-        )
-        .unwrap();
-    let got = s.answer(case, a, head, &[a.status()..a.status() + 1]);
-    answered(case, got, Status::IoErr);
-    s.still_works(case);
+    let chain = [
+        Descriptor::writable(a.header(), 16),
+        Descriptor::writable(a.data(), 4096),
+        Descriptor::writable(a.status(), 1),
+    ];
+    s.refused(case, a, &chain, &[a.status_range()], Status::IoErr);
 
     let case = "a read-only status descriptor";
     let a = s.area(read, 0);
     let canary = s.driver.memory().read_u8(a.status()).unwrap();
-    let head = s
-        .driver
-        .place_chain(
-            0,
-            first,
-            &[
-                Descriptor::readable(a.header(), 16),
-                Descriptor::writable(a.data(), 4096),
-                Descriptor::readable(a.status(), 1),
-            ],
-        )
-        .unwrap();
-    let got = s.answer(case, a, head, &[]);
+    let chain = [
+        Descriptor::readable(a.header(), 16),
+        Descriptor::writable(a.data(), 4096),
+        Descriptor::readable(a.status(), 1),
+    ];
+    let got = s.send(case, a, &chain, &[]);
     returned_unanswered(case, got, canary);
     s.still_works(case);
 
     let case = "no status descriptor";
     let a = s.area(write, 0);
     let canary = s.driver.memory().read_u8(a.status()).unwrap();
-    let head = s
-        .driver
-        .place_chain(
-            0,
-            first,
-            &[Descriptor::readable(a.header(), 16), Descriptor::readable(a.data(), 4096)],
-        )
-        .unwrap();
-    let got = s.answer(case, a, head, &[]);
+    let chain = [Descriptor::readable(a.header(), 16), Descriptor::readable(a.data(), 4096)];
+    let got = s.send(case, a, &chain, &[]);
     returned_unanswered(case, got, canary);
     s.still_works(case);
 
@@ -232,21 +221,12 @@ fn hostile_chains_are_refused_and_the_device_goes_on() {
         ("a write from a buffer the device may only write", write, Descriptor::writable(0, 4096)),
     ] {
         let a = s.area(type_, 0);
-        let head = s
-            .driver
-            .place_chain(
-                0,
-                first,
-                &[
-                    Descriptor::readable(a.header(), 16),
-                    Descriptor { addr: a.data(), ..data },
-                    Descriptor::writable(a.status(), 1),
-                ],
-            )
-            .unwrap();
-        let got = s.answer(case, a, head, &[a.status()..a.status() + 1]);
-        answered(case, got, Status::IoErr);
-        s.still_works(case);
+        let chain = [
+            Descriptor::readable(a.header(), 16),
+            Descriptor { addr: a.data(), ..data },
+            Descriptor::writable(a.status(), 1),
+        ];
+        s.refused(case, a, &chain, &[a.status_range()], Status::IoErr);
     }
 
     for (case, sector, len) in [
@@ -255,72 +235,38 @@ fn hostile_chains_are_refused_and_the_device_goes_on() {
         ("a length that is not whole sectors", 0, 100),
     ] {
         let a = s.area(read, sector);
-        let head = s
-            .driver
-            .place_chain(
-                0,
-                first,
-                &[
-                    Descriptor::readable(a.header(), 16),
-                    Descriptor::writable(a.data(), len),
-                    Descriptor::writable(a.status(), 1),
-                ],
-            )
-            .unwrap();
+        let chain = [
+            Descriptor::readable(a.header(), 16),
+            Descriptor::writable(a.data(), len),
+            Descriptor::writable(a.status(), 1),
+        ];
         let data = a.data()..a.data() + u64::from(len);
-        let got = s.answer(case, a, head, &[data, a.status()..a.status() + 1]);
-        answered(case, got, Status::IoErr);
-        s.still_works(case);
+        s.refused(case, a, &chain, &[data, a.status_range()], Status::IoErr);
     }
 
     let memory_end = GUEST_BASE + s.driver.memory().size();
     let case = "a header outside the memory table";
     let a = s.area(read, 0);
-    let head = s
-        .driver
-        .place_chain(
-            0,
-            first,
-            &[
-                Descriptor::readable(0x1000, 16),
-                Descriptor::writable(a.data(), 4096),
-                Descriptor::writable(a.status(), 1),
-            ],
-        )
-        .unwrap();
-    let got = s.answer(case, a, head, &[a.data()..a.data() + 4096, a.status()..a.status() + 1]);
-    answered(case, got, Status::IoErr);
-    s.still_works(case);
+    let chain = [
+        Descriptor::readable(0x1000, 16),
+        Descriptor::writable(a.data(), 4096),
+        Descriptor::writable(a.status(), 1),
+    ];
+    s.refused(case, a, &chain, &[a.data()..a.data() + 4096, a.status_range()], Status::IoErr);
 
     let case = "a data buffer past the end of the memory table";
     let a = s.area(read, 0);
-    let head = s
-        .driver
-        .place_chain(
-            0,
-            first,
-            &[
-                Descriptor::readable(a.header(), 16),
-                Descriptor::writable(memory_end - 2048, 4096),
-                Descriptor::writable(a.status(), 1),
-            ],
-        )
-        .unwrap();
-    let got = s.answer(case, a, head, &[a.status()..a.status() + 1]);
-    answered(case, got, Status::IoErr);
-    s.still_works(case);
+    let chain = [
+        Descriptor::readable(a.header(), 16),
+        Descriptor::writable(memory_end - 2048, 4096),
+        Descriptor::writable(a.status(), 1),
+    ];
+    s.refused(case, a, &chain, &[a.status_range()], Status::IoErr);
 
     let case = "a status byte outside the memory table";
     let a = s.area(u32::from(RequestType::Flush), 0);
-    let head = s
-        .driver
-        .place_chain(
-            0,
-            first,
-            &[Descriptor::readable(a.header(), 16), Descriptor::writable(memory_end + 4096, 1)],
-        )
-        .unwrap();
-    let (used, _) = s.answer(case, a, head, &[]);
+    let chain = [Descriptor::readable(a.header(), 16), Descriptor::writable(memory_end + 4096, 1)];
+    let (used, _) = s.send(case, a, &chain, &[]);
     assert_eq!(used.len, 0, "{case}: used length");
     s.still_works(case);
 
@@ -330,7 +276,7 @@ fn hostile_chains_are_refused_and_the_device_goes_on() {
         .set_descriptor(0, first, Descriptor::readable(a.header(), 16).then(first + 1))
         .unwrap();
     s.driver.set_descriptor(0, first + 1, Descriptor::writable(a.status(), 1).then(first)).unwrap();
-    let (used, status) = s.answer(case, a, first, &[a.status()..a.status() + 1]);
+    let (used, status) = s.answer(case, a, first, &[a.status_range()]);
     let status = Status::from(status);
     // The device may refuse the chain with IOERR or give up on it unanswered; never OK.
     assert!(status == Status::IoErr || used.len == 0, "{case}: {status}, used length {}", used.len);
@@ -348,7 +294,7 @@ fn hostile_chains_are_refused_and_the_device_goes_on() {
     );
     s.driver.write_table(a.table(), &table).unwrap();
     s.driver.set_descriptor(0, first, Descriptor::indirect(a.table(), 3)).unwrap();
-    let allowed = [a.data()..a.data() + 4096, a.status()..a.status() + 1];
+    let allowed = [a.data()..a.data() + 4096, a.status_range()];
     let (used, status) = s.answer(case, a, first, &allowed);
     assert_eq!((Status::from(status), used.len), (Status::Ok, 4097), "{case}");
     s.still_works(case);
@@ -359,7 +305,7 @@ fn hostile_chains_are_refused_and_the_device_goes_on() {
     let canary = s.driver.memory().read_u8(a.status()).unwrap();
     let bad = Descriptor { len: 40, ..Descriptor::indirect(a.table(), 3) };
     s.driver.set_descriptor(0, first, bad).unwrap();
-    let (used, status) = s.answer(case, a, first, &[a.status()..a.status() + 1]);
+    let (used, status) = s.answer(case, a, first, &[a.status_range()]);
     assert!(status == canary || Status::from(status) == Status::IoErr, "{case}: status {status}");
     assert!(used.len <= 1, "{case}: used length {}", used.len);
     s.still_works(case);
@@ -375,42 +321,24 @@ fn hostile_chains_are_refused_and_the_device_goes_on() {
     s.driver.write_table(a.table(), &outer).unwrap();
     let canary = s.driver.memory().read_u8(a.status()).unwrap();
     s.driver.set_descriptor(0, first, Descriptor::indirect(a.table(), 2)).unwrap();
-    let (used, status) = s.answer(case, a, first, &[a.status()..a.status() + 1]);
+    let (used, status) = s.answer(case, a, first, &[a.status_range()]);
     assert!(status == canary || Status::from(status) == Status::IoErr, "{case}: status {status}");
     assert!(used.len <= 1, "{case}: used length {}", used.len);
     s.still_works(case);
 
     let case = "an unknown request type";
     let a = s.area(99, 0);
-    let head = s
-        .driver
-        .place_chain(
-            0,
-            first,
-            &[Descriptor::readable(a.header(), 16), Descriptor::writable(a.status(), 1)],
-        )
-        .unwrap();
-    let got = s.answer(case, a, head, &[a.status()..a.status() + 1]);
-    answered(case, got, Status::Unsupp);
-    s.still_works(case);
+    let chain = [Descriptor::readable(a.header(), 16), Descriptor::writable(a.status(), 1)];
+    s.refused(case, a, &chain, &[a.status_range()], Status::Unsupp);
 
     for (case, type_, flags) in [("a huge read", read, F_WRITE), ("a huge write", write, 0)] {
         let a = s.area(type_, 0);
-        let head = s
-            .driver
-            .place_chain(
-                0,
-                first,
-                &[
-                    Descriptor::readable(a.header(), 16),
-                    Descriptor { addr: a.data(), len: 0xffff_f000, flags, next: 0 },
-                    Descriptor::writable(a.status(), 1),
-                ],
-            )
-            .unwrap();
-        let got = s.answer(case, a, head, &[a.status()..a.status() + 1]);
-        answered(case, got, Status::IoErr);
-        s.still_works(case);
+        let chain = [
+            Descriptor::readable(a.header(), 16),
+            Descriptor { addr: a.data(), len: 0xffff_f000, flags, next: 0 },
+            Descriptor::writable(a.status(), 1),
+        ];
+        s.refused(case, a, &chain, &[a.status_range()], Status::IoErr);
     }
 
     // The device is still whole: it stops cleanly, and nothing in it panicked.

@@ -240,10 +240,18 @@ fn bench_pages(args: PagesArgs) -> anyhow::Result<()> {
         write_timeline(path, &report.timeline)
             .with_context(|| format!("writing the timeline to {}", path.display()))?;
     }
-    // A closed stdout (`| head`) is an error to report, not a panic as `println!` would.
+    print_report(&report, args.json)
+}
+
+/// Prints `report` on stdout as one JSON object or as text. A closed stdout (`| head`) is an
+/// error to report, not a panic as `println!` would make it.
+fn print_report<R: serde::Serialize + std::fmt::Display>(
+    report: &R,
+    json: bool,
+) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
-    if args.json {
-        writeln!(out, "{}", serde_json::to_string(&report)?)?;
+    if json {
+        writeln!(out, "{}", serde_json::to_string(report)?)?;
     } else {
         writeln!(out, "{report}")?;
     }
@@ -261,13 +269,7 @@ fn bench_blk(args: BlkArgs) -> anyhow::Result<()> {
     opts.wait = args.wait;
     opts.seed = args.seed;
     let report = blk::run(&opts).with_context(|| format!("fallow bench blk on {}", opts.target))?;
-    let mut out = std::io::stdout().lock();
-    if args.json {
-        writeln!(out, "{}", serde_json::to_string(&report)?)?;
-    } else {
-        writeln!(out, "{report}")?;
-    }
-    Ok(())
+    print_report(&report, args.json)
 }
 
 /// One CSV line per request: `start_unix_ns,latency_ns,get|put`.

@@ -1,13 +1,14 @@
 //! The harness shared by the integration tests of the `fallow` binary: the binary under
-//! test, a node started and its address found in its log, the URIs and addresses its log
-//! lines name, and qemu-io. The process helpers (children killed by PID when dropped,
-//! daemons whose stderr is searched, scratch directories, free ports, bounded polling) are
-//! `fallow_testkit::process`, re-exported here; what each test checks stays in the test's
-//! own file.
+//! test, a node started and its address found in its log, the URIs, addresses and sockets
+//! its log lines name, qemu-io, and guests (`guests`). The process helpers (children killed
+//! by PID when dropped, daemons whose stderr is searched, scratch directories, free ports,
+//! bounded polling) are `fallow_testkit::process`, re-exported here; what each test checks
+//! stays in the test's own file.
 
 // Each test binary uses a different part of this module.
 #![allow(dead_code)]
 
+pub mod guests;
 pub mod netns;
 
 use std::process::{Command, Stdio};
@@ -68,6 +69,12 @@ pub fn node_tcp_addr(line: &str) -> Option<String> {
 /// The URI in a `fallow nbd: serving URI` line.
 pub fn nbd_serving_uri(line: &str) -> Option<String> {
     line.strip_prefix("fallow nbd: serving ").map(|u| u.trim().to_string())
+}
+
+/// The socket path in a `fallow vhost: serving NAME at PATH` line.
+pub fn vhost_socket(line: &str) -> Option<std::path::PathBuf> {
+    let rest = line.strip_prefix("fallow vhost: serving ")?;
+    Some(std::path::PathBuf::from(rest.split_once(" at ")?.1.trim()))
 }
 
 /// The address in a log line `... serving metrics at http://ADDR/metrics ...`.
