@@ -17,8 +17,8 @@
 //!
 //! # Components
 //! [`FileStore`]: a local file or block device. [`MemStore`]: a RAM disk.
-//! [`NbdStore`]: an upstream NBD server. `RadosStore` (cargo feature `rados`): an image
-//! striped over 4 MiB Ceph RADOS objects.
+//! [`NbdStore`]: an upstream NBD server. [`PoolStore`]: a persistent pool, the only copy.
+//! `RadosStore` (cargo feature `rados`): an image striped over 4 MiB Ceph RADOS objects.
 
 // Bytes from the network or a disk never panic the process (STYLE.md rule 7): no unwrap,
 // expect or unchecked indexing outside tests; an index that holds by construction says
@@ -28,6 +28,7 @@
 mod file;
 mod mem;
 mod nbd;
+mod pool;
 #[cfg(feature = "rados")]
 pub mod rados;
 
@@ -40,6 +41,7 @@ use bytes::Bytes;
 pub use file::FileStore;
 pub use mem::MemStore;
 pub use nbd::{NbdStore, NbdUri};
+pub use pool::PoolStore;
 #[cfg(feature = "rados")]
 pub use rados::{RadosConfig, RadosError, RadosStore};
 

@@ -120,6 +120,31 @@ pub fn op(g: Geometry) -> impl Strategy<Value = Op> {
     ]
 }
 
+/// `op` with the range of a write, trim or zeroing widened to whole multiples of `align`
+/// (within `size`), for stores that take only aligned changes; reads stay as they are.
+pub fn aligned(op: Op, align: u64, size: u64) -> Op {
+    let widen = |offset: u64, len: u32| {
+        let start = offset / align * align;
+        let end = (offset + u64::from(len)).div_ceil(align) * align;
+        (start, (end.min(size) - start) as u32)
+    };
+    match op {
+        Op::Write { offset, len, fill, durability } => {
+            let (offset, len) = widen(offset, len);
+            Op::Write { offset, len, fill, durability }
+        }
+        Op::Trim { offset, len } => {
+            let (offset, len) = widen(offset, len);
+            Op::Trim { offset, len }
+        }
+        Op::Zero { offset, len, zeroing } => {
+            let (offset, len) = widen(offset, len);
+            Op::Zero { offset, len, zeroing }
+        }
+        other => other,
+    }
+}
+
 /// Runs `ops` against `store` and a model of `store.size()` bytes; trims are checked as
 /// reading zeros or the old bytes (a trim is a hint), everything else exactly.
 pub async fn check(store: &dyn BackingStore, ops: &[Op]) {

@@ -140,6 +140,7 @@ impl Device {
             queues: queues.max(1),
             read_only: read_only || caps.read_only,
             discard: caps.trim,
+            block_size: cache.backing().min_block_size().next_power_of_two(),
         };
         Arc::new(Device {
             name: name.to_string(),

@@ -24,6 +24,9 @@ use crate::request::{MAX_DATA, MAX_SEGMENTS, SECTOR};
 /// Bytes of the configuration space this device fills.
 const CONFIG_LEN: usize = 60;
 
+/// Bytes of a physical block: a page.
+const PHYSICAL: u32 = 4096;
+
 /// Descriptors of one virtqueue.
 pub const QUEUE_SIZE: u16 = 256;
 
@@ -41,6 +44,9 @@ pub struct Geometry {
     pub read_only: bool,
     /// The store can discard (trim).
     pub discard: bool,
+    /// The logical block size: 512, or 4096 for a store that takes only whole pages (a
+    /// pool export), so that the guest never writes less.
+    pub block_size: u32,
 }
 
 impl Geometry {
@@ -79,11 +85,14 @@ impl Geometry {
         let max_sectors = (MAX_DATA / SECTOR) as u32;
         put(0, &(self.capacity / SECTOR).to_le_bytes());
         put(12, &SEG_MAX.to_le_bytes());
-        // Logical blocks of 512 bytes, as every disk's; physical ones of 4 KiB (2³ logical),
-        // the page the caches work in, which is also the smallest I/O without a penalty.
-        put(20, &(SECTOR as u32).to_le_bytes());
-        put(24, &[3, 0]);
-        put(26, &8u16.to_le_bytes());
+        // Logical blocks of 512 bytes, as every disk's, unless the store needs whole pages;
+        // physical ones of 4 KiB, the page the caches work in, which is also the smallest
+        // I/O without a penalty.
+        let logical = self.block_size.clamp(SECTOR as u32, PHYSICAL);
+        let per_physical = PHYSICAL / logical;
+        put(20, &logical.to_le_bytes());
+        put(24, &[per_physical.trailing_zeros() as u8, 0]);
+        put(26, &(per_physical as u16).to_le_bytes());
         put(34, &self.queues.to_le_bytes());
         put(36, &max_sectors.to_le_bytes());
         put(40, &MAX_SEGMENTS.to_le_bytes());
@@ -112,7 +121,13 @@ mod tests {
 
     #[test]
     fn the_config_space_is_little_endian_at_the_spec_offsets() {
-        let g = Geometry { capacity: 64 << 20, queues: 4, read_only: false, discard: true };
+        let g = Geometry {
+            capacity: 64 << 20,
+            queues: 4,
+            read_only: false,
+            discard: true,
+            block_size: 512,
+        };
         let c = g.config_space();
         assert_eq!(&c[0..8], &(131072u64).to_le_bytes(), "capacity in sectors");
         assert_eq!(&c[12..16], &SEG_MAX.to_le_bytes());
@@ -128,6 +143,11 @@ mod tests {
         assert_eq!(f & 1 << VIRTIO_BLK_F_RO, 0);
         let ro = Geometry { read_only: true, discard: false, ..g }.features();
         assert_ne!(ro & 1 << VIRTIO_BLK_F_RO, 0);
+        // A store of whole pages: logical blocks of 4 KiB, one per physical block.
+        let paged = Geometry { block_size: 4096, ..g }.config_space();
+        assert_eq!(&paged[20..24], &4096u32.to_le_bytes());
+        assert_eq!((paged[24], &paged[26..28]), (0, &1u16.to_le_bytes()[..]));
+        assert_eq!(&paged[0..8], &c[0..8], "capacity still in 512-byte sectors");
         assert_eq!(ro & 1 << VIRTIO_BLK_F_DISCARD, 0);
     }
 }

@@ -1,14 +1,14 @@
 //! The exports of `fallow nbd` and `fallow vhost`: `--export NAME=BACKING` opened as backing
-//! stores (a file, RAM, an upstream NBD server, a RADOS image), the pool behind them
-//! (`--pool`), and one cache layer per export over both. The front ends differ only in how
-//! they serve the caches this module opens.
+//! stores (a file, RAM, an upstream NBD server, a RADOS image, or a persistent pool that is
+//! the only copy), the pool behind them (`--pool`), and one cache layer per export over
+//! both. The front ends differ only in how they serve the caches this module opens.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
-use fallow_backing::{BackingStore, FileStore, MemStore, NbdStore};
+use fallow_backing::{BackingStore, FileStore, MemStore, NbdStore, PoolStore};
 use fallow_cache::{CacheConfig, CacheLayer, Mode, PoolTier, WritePolicy};
 use fallow_core::{AsyncPageStore, PoolSpec};
 use fallow_node::lending::parse_size;
@@ -18,7 +18,10 @@ use fallow_pool::{Engine, EngineBuilder};
 #[derive(Debug, Args)]
 pub struct ExportArgs {
     /// An export: NAME=file:PATH[,size=SIZE] | NAME=PATH | NAME=mem:SIZE | NAME=nbd://… |
-    /// NAME=rados:POOL/PREFIX[,size=SIZE][,conf=PATH][,user=NAME][,namespace=NS][,timeout=SECS].
+    /// NAME=rados:POOL/PREFIX[,size=SIZE][,conf=PATH][,user=NAME][,namespace=NS][,timeout=SECS]
+    /// | NAME=pool:SIZE (a disk that lives only in --pool, in a persistent pool of its own:
+    /// pages never written read as zeros, writes must be whole 4 KiB pages, a write the
+    /// pool has no room for fails with ENOSPC; for swap or scratch space, see docs/nbd.md).
     /// Repeatable; the first is also the default export.
     #[arg(long = "export", value_name = "NAME=BACKING", required = true)]
     pub exports: Vec<String>,
@@ -53,6 +56,10 @@ pub struct ExportArgs {
     /// Refuse writes on every export.
     #[arg(long)]
     pub read_only: bool,
+    /// Compress pages that stay cold in the pools this process creates (the cache pool and
+    /// every pool: export's), in the background: more pages in the same memory, for CPU.
+    #[arg(long)]
+    pub compress: bool,
 }
 
 /// `--write-policy`.
@@ -114,15 +121,22 @@ pub async fn open_exports(
         }
         specs.push((name.to_string(), backing.to_string()));
     }
+    let pool = open_pool(args).await?;
     let mut backings = Vec::new();
     for (name, spec) in specs {
-        let backing = open_backing(&spec).await?;
+        let backing = match spec.strip_prefix("pool:") {
+            Some(size) => {
+                let backing = open_pool_backing(pool.as_ref(), size, args.compress).await;
+                backing.with_context(|| format!("--export {name}={spec}"))?
+            }
+            None => open_backing(&spec).await?,
+        };
         backings.push((name, spec, backing));
     }
-    let pool = open_pool(args).await?;
     let mut exports = Vec::new();
     for (object, (name, spec, backing)) in backings.into_iter().enumerate() {
-        let tier = pool.as_ref().map(|opened| PoolTier {
+        // A pool: export's store is the pool already: no second copy in it.
+        let tier = pool.as_ref().filter(|_| !spec.starts_with("pool:")).map(|opened| PoolTier {
             store: opened.store.clone(),
             pool: opened.pool,
             object: object as u64,
@@ -206,6 +220,27 @@ async fn open_backing(spec: &str) -> anyhow::Result<Arc<dyn BackingStore>> {
         None => FileStore::open(&path, false)?,
     };
     Ok(Arc::new(store))
+}
+
+/// Opens `pool:SIZE`: a persistent pool of its own in the `--pool` store, with a quota of
+/// the device's pages, as the export's only store.
+async fn open_pool_backing(
+    pool: Option<&OpenedPool>,
+    size: &str,
+    compress: bool,
+) -> anyhow::Result<Arc<dyn BackingStore>> {
+    let Some(pool) = pool else {
+        bail!("a pool: export lives in the pool: give --pool local:SIZE or fallow://HOST:PORT");
+    };
+    let bytes = parse_size(size)?;
+    if bytes == 0 || bytes % fallow_core::PAGE_SIZE as u64 != 0 {
+        bail!("pool:{size}: the size must be a positive multiple of 4 KiB");
+    }
+    let pages = bytes / fallow_core::PAGE_SIZE as u64;
+    let spec = PoolSpec { quota_pages: Some(pages), compress, ..PoolSpec::persistent() };
+    let id = pool.store.create_pool(&spec).await.context("creating the persistent pool")?;
+    tracing::info!(pool = %id, pages, compress, "persistent pool created for the export");
+    Ok(Arc::new(PoolStore::new(pool.store.clone(), id, 0, bytes)?))
 }
 
 /// Opens `rados:REST`: connects to the cluster and opens (or, with `size=`, creates) the
@@ -294,7 +329,8 @@ async fn open_pool(args: &ExportArgs) -> anyhow::Result<Option<OpenedPool>> {
             args.pool
         );
     };
-    let pool = store.create_pool(&PoolSpec::ephemeral()).await?;
+    let spec = PoolSpec { compress: args.compress, ..PoolSpec::ephemeral() };
+    let pool = store.create_pool(&spec).await?;
     Ok(Some(OpenedPool { store, pool, engine }))
 }
 
