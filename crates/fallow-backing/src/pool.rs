@@ -64,7 +64,7 @@ impl PoolStore {
         object: ObjectId,
         size: u64,
     ) -> io::Result<PoolStore> {
-        if size == 0 || size % PAGE_SIZE as u64 != 0 {
+        if size == 0 || !size.is_multiple_of(PAGE_SIZE as u64) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("a pool export's size must be a positive multiple of 4 KiB, not {size}"),
@@ -87,7 +87,7 @@ impl PoolStore {
     /// Like [`PoolStore::page_range`], for a range that must be whole pages.
     fn whole_pages(&self, what: &str, offset: u64, len: u64) -> io::Result<std::ops::Range<u64>> {
         let page = PAGE_SIZE as u64;
-        if offset % page != 0 || len % page != 0 {
+        if !offset.is_multiple_of(page) || !len.is_multiple_of(page) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("{what} at {offset}+{len}: a pool export takes whole 4 KiB pages"),

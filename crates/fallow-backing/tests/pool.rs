@@ -41,7 +41,8 @@ async fn unwritten_pages_are_holes_and_zero_pages_cost_no_frame() {
     store.write(8192, Bytes::from(vec![7u8; 8192]), Durability::AtFlush).await.unwrap();
     store.write_zeroes(65536, 4096, Zeroing::KeepAllocated).await.unwrap();
     let extents = store.block_status(0, 69632).await.unwrap();
-    let shape: Vec<(u64, bool, bool)> = extents.iter().map(|e| (e.length, e.hole, e.zero)).collect();
+    let shape: Vec<(u64, bool, bool)> =
+        extents.iter().map(|e| (e.length, e.hole, e.zero)).collect();
     assert_eq!(
         shape,
         [(8192, true, true), (8192, false, false), (49152, true, true), (4096, false, true)]
@@ -62,7 +63,8 @@ async fn unwritten_pages_are_holes_and_zero_pages_cost_no_frame() {
 async fn changes_that_are_not_whole_pages_are_refused() {
     let (store, _engine) = store(1 << 20, 8 << 20).await;
     assert_eq!(store.min_block_size(), 4096);
-    let err = store.write(512, Bytes::from(vec![1u8; 4096]), Durability::AtFlush).await.unwrap_err();
+    let err =
+        store.write(512, Bytes::from(vec![1u8; 4096]), Durability::AtFlush).await.unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput, "{err}");
     assert!(err.to_string().contains("whole 4 KiB pages"), "{err}");
     let err = store.trim(0, 100).await.unwrap_err();
@@ -71,7 +73,13 @@ async fn changes_that_are_not_whole_pages_are_refused() {
     assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput, "{err}");
     let err = store.read(1 << 20, 1).await.unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput, "{err}");
-    assert!(PoolStore::new(Arc::new(Engine::new(EngineBuilder::new(0).build().unwrap())), fallow_core::PoolId(1), 0, 1000).is_err());
+    assert!(PoolStore::new(
+        Arc::new(Engine::new(EngineBuilder::new(0).build().unwrap())),
+        fallow_core::PoolId(1),
+        0,
+        1000
+    )
+    .is_err());
 }
 
 #[tokio::test]

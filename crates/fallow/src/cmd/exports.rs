@@ -233,7 +233,7 @@ async fn open_pool_backing(
         bail!("a pool: export lives in the pool: give --pool local:SIZE or fallow://HOST:PORT");
     };
     let bytes = parse_size(size)?;
-    if bytes == 0 || bytes % fallow_core::PAGE_SIZE as u64 != 0 {
+    if bytes == 0 || !bytes.is_multiple_of(fallow_core::PAGE_SIZE as u64) {
         bail!("pool:{size}: the size must be a positive multiple of 4 KiB");
     }
     let pages = bytes / fallow_core::PAGE_SIZE as u64;
