@@ -55,6 +55,9 @@ pub struct PoolMemory {
     pub used_bytes: u64,
     /// Bytes the pool may hold: its budget, the memory this host lends it.
     pub lent_bytes: u64,
+    /// Pages the pool holds (each 4 KiB to its users): with `used_bytes`, how much the
+    /// pool holds per byte of memory once dedup and compression have had their say.
+    pub pages: u64,
 }
 
 /// Reads a [`PoolMemory`] at scrape time.
@@ -116,6 +119,7 @@ pub struct NbdMetrics {
     /// until [`NbdMetrics::watch_pool_memory`] is called.
     pool_used_bytes: Family<PoolLabel, Gauge>,
     pool_lent_bytes: Family<PoolLabel, Gauge>,
+    pool_pages: Family<PoolLabel, Gauge>,
     pool_watch: PoolWatch,
     /// Held while a scrape advances the counters, so that two scrapes at once do not both
     /// add the same difference.
@@ -223,6 +227,12 @@ impl NbdMetrics {
             "Memory lent to the pool in this process: its budget",
             pool_lent_bytes.clone(),
         );
+        let pool_pages = Family::<PoolLabel, Gauge>::default();
+        registry.register(
+            "pool_pages",
+            "Pages the pool in this process holds, each 4 KiB to its users",
+            pool_pages.clone(),
+        );
         Self {
             registry,
             requests,
@@ -242,6 +252,7 @@ impl NbdMetrics {
             pool_puts,
             pool_used_bytes,
             pool_lent_bytes,
+            pool_pages,
             pool_watch: PoolWatch::default(),
             refresh: Mutex::new(()),
         }
@@ -322,6 +333,7 @@ impl NbdMetrics {
             let label = PoolLabel { pool: "in-process" };
             set(&self.pool_used_bytes.get_or_create(&label), memory.used_bytes);
             set(&self.pool_lent_bytes.get_or_create(&label), memory.lent_bytes);
+            set(&self.pool_pages.get_or_create(&label), memory.pages);
         }
         let mut text = String::new();
         // Writing into a String cannot fail; were it to, the scrape would be empty.
@@ -349,10 +361,11 @@ mod tests {
         assert!(text.contains("fallow_nbd_export_size_bytes{export=\"e\"} 1048576\n"), "{text}");
         assert!(text.contains("fallow_nbd_local_tier_pages{export=\"e\"} 0\n"), "{text}");
         assert!(!text.contains("fallow_nbd_pool_used_bytes{"), "{text}");
-        metrics.watch_pool_memory(|| PoolMemory { used_bytes: 3, lent_bytes: 5 });
+        metrics.watch_pool_memory(|| PoolMemory { used_bytes: 3, lent_bytes: 5, pages: 7 });
         metrics.watch_pool_memory(PoolMemory::default); // ignored: the first one stays
         let text = metrics.render(&exports);
         assert!(text.contains("fallow_nbd_pool_used_bytes{pool=\"in-process\"} 3\n"), "{text}");
         assert!(text.contains("fallow_nbd_pool_lent_bytes{pool=\"in-process\"} 5\n"), "{text}");
+        assert!(text.contains("fallow_nbd_pool_pages{pool=\"in-process\"} 7\n"), "{text}");
     }
 }

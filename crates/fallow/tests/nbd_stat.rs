@@ -110,6 +110,35 @@ fn stat_reports_pool_hits_without_a_local_tier() {
     drop(nbd);
 }
 
+/// A pool holding many copies of one page, and pages of zeros, holds more than it uses:
+/// `fallow stat` says how much more.
+#[test]
+fn stat_reports_the_apparent_capacity_of_the_pool() {
+    if !support::have("qemu-io") {
+        eprintln!("skipped: qemu-io is needed (Debian package qemu-utils)");
+        return;
+    }
+    let dir = TempDir::new("nbd-stat-apparent");
+    let page = dir.path().join("page");
+    let random: Vec<u8> =
+        (0..4096u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    std::fs::write(&page, random).unwrap();
+    let (nbd, metrics, uri) = start_nbd(&["--export", "p=pool:16M", "--pool", "local:32M"]);
+    let pool_uri = uri.replace("/d", "/p");
+    // 2048 copies of one page (dedup: one frame), then 1024 pages of zeros (fills).
+    let copies = format!("write -s {} 0 8M", page.display());
+    qemu_io(&pool_uri, &[&copies, "write -P 0 8M 4M"]);
+    let v = stat_json(&metrics);
+    assert_eq!(v["pool"]["pages"], 3072, "{v}");
+    // 12 MiB for users in the frames of one 2 MiB segment at most.
+    let ratio = v["pool"]["apparent_capacity"].as_f64().unwrap();
+    assert!(ratio >= 6.0, "{v}");
+    let (ok, table, stderr) = stat(&["--nbd", &metrics]);
+    assert!(ok, "{stderr}");
+    assert!(table.contains("3072 pages (apparent capacity "), "{table}");
+    drop(nbd);
+}
+
 #[test]
 fn stat_refuses_what_is_not_an_nbd_metrics_endpoint() {
     let (nbd, metrics, uri) = start_nbd(&[]);

@@ -50,6 +50,8 @@ pub(crate) fn export_engine_memory(server: &NbdServer, engine: Arc<Engine>) {
         PoolMemory {
             used_bytes: memory.held_bytes() as u64,
             lent_bytes: memory.budget_bytes as u64,
+            // A visit of every shard, at scrape time only.
+            pages: engine.stats().pages,
         }
     });
 }

@@ -89,6 +89,9 @@ pub fn run(args: StatArgs) -> anyhow::Result<()> {
         for entry in &stats.entries {
             object.insert(entry.name.clone(), entry.value.into());
         }
+        let v = |name: &str| stats.get(name).unwrap_or(0);
+        let held = v("used_bytes") + v("compressed_space_bytes");
+        object.insert("apparent_capacity".into(), apparent_capacity(v("pages"), held).into());
         println!("{}", serde_json::Value::Object(object));
     } else {
         print!("{}", table(&args.node, node_id, &stats));
@@ -140,6 +143,13 @@ fn table(node: &str, node_id: u128, stats: &NodeStats) -> String {
         compression.push_str(&format!(", held in {}", human(space)));
     }
     rows.push(("compression", compression));
+    let held = v("used_bytes") + v("compressed_space_bytes");
+    if let Some(ratio) = apparent_capacity(v("pages"), held) {
+        rows.push((
+            "apparent",
+            format!("{ratio:.2} × ({} pages of 4 KiB held in {})", v("pages"), human(held)),
+        ));
+    }
     let (hits, misses) = (v("hits"), v("misses"));
     let ratio = if hits + misses == 0 {
         "-".to_string()
@@ -187,6 +197,13 @@ fn table(node: &str, node_id: u128, stats: &NodeStats) -> String {
         out.push_str(&format!("{name:<14}{value}\n"));
     }
     out
+}
+
+/// How many bytes a pool holds for its users per byte of memory it uses for them: `pages`
+/// of 4 KiB over `held_bytes` (frames and compressed data). Above 1 where dedup, same-filled
+/// pages and compression save memory; `None` while nothing is held.
+pub(crate) fn apparent_capacity(pages: u64, held_bytes: u64) -> Option<f64> {
+    (held_bytes > 0).then(|| (pages * fallow_core::PAGE_SIZE as u64) as f64 / held_bytes as f64)
 }
 
 /// Bytes in binary units with one decimal.
@@ -242,6 +259,7 @@ mod tests {
                 entry("compressed_space_bytes", 1 << 20),
                 entry("metadata_bytes", 7_759_462),
                 entry("pages", 262_144),
+                entry("used_bytes", 511 << 20),
             ],
         };
         let text = table("127.0.0.1:7400", 1, &stats);
@@ -251,5 +269,8 @@ mod tests {
         assert!(text.contains("PSI some avg10 1.50 %"), "{text}");
         assert!(text.contains("1.0 MiB saved on 512 pages, held in 1.0 MiB"), "{text}");
         assert!(text.contains("7.4 MiB metadata (29.6 B a page)"), "{text}");
+        // 1 GiB of pages in 511 MiB of frames and 1 MiB of compressed data.
+        assert!(text.contains("apparent      2.00 × (262144 pages of 4 KiB held in 512.0 MiB)"));
+        assert_eq!(apparent_capacity(5, 0), None, "nothing held yet");
     }
 }

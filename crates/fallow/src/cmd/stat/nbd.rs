@@ -244,8 +244,17 @@ struct NbdStats {
     connections_accepted: u64,
     requests: BTreeMap<String, CmdStats>,
     exports: BTreeMap<String, ExportStats>,
-    /// (used, lent) bytes of a pool in the server's process, when it reports one.
-    pool_memory: Option<(u64, u64)>,
+    /// The pool in the server's process, when it reports one.
+    pool_memory: Option<PoolMemory>,
+}
+
+/// The memory of a pool in the server's process.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct PoolMemory {
+    used_bytes: u64,
+    lent_bytes: u64,
+    /// Pages it holds (a server from before the gauge reports none).
+    pages: Option<u64>,
 }
 
 /// A count from a float sample (negative and NaN read as 0).
@@ -282,7 +291,9 @@ impl NbdStats {
         let used = m.get("fallow_nbd_pool_used_bytes", &[]);
         let lent = m.get("fallow_nbd_pool_lent_bytes", &[]);
         if let (Some(used), Some(lent)) = (used, lent) {
-            stats.pool_memory = Some((count(used), count(lent)));
+            let pages = m.get("fallow_nbd_pool_pages", &[]).map(count);
+            stats.pool_memory =
+                Some(PoolMemory { used_bytes: count(used), lent_bytes: count(lent), pages });
         }
         Ok(stats)
     }
@@ -376,8 +387,14 @@ impl NbdStats {
                 (name.clone(), value)
             })
             .collect();
-        let pool =
-            self.pool_memory.map(|(used, lent)| json!({"used_bytes": used, "lent_bytes": lent}));
+        let pool = self.pool_memory.map(|p| {
+            json!({
+                "used_bytes": p.used_bytes,
+                "lent_bytes": p.lent_bytes,
+                "pages": p.pages,
+                "apparent_capacity": p.pages.and_then(|n| super::apparent_capacity(n, p.used_bytes)),
+            })
+        });
         json!({
             "nbd": url,
             "connections": self.connections,
@@ -416,8 +433,15 @@ impl NbdStats {
             }
             rows.push((if i == 0 { "requests" } else { "" }.into(), text));
         }
-        if let Some((used, lent)) = self.pool_memory {
-            rows.push(("pool".into(), format!("{} used of {} lent", human(used), human(lent))));
+        if let Some(p) = self.pool_memory {
+            let mut text = format!("{} used of {} lent", human(p.used_bytes), human(p.lent_bytes));
+            if let Some(pages) = p.pages {
+                text.push_str(&format!(", {pages} pages"));
+                if let Some(ratio) = super::apparent_capacity(pages, p.used_bytes) {
+                    text.push_str(&format!(" (apparent capacity {ratio:.2} ×)"));
+                }
+            }
+            rows.push(("pool".into(), text));
         }
         for (name, e) in &self.exports {
             rows.push((String::new(), String::new()));
@@ -521,6 +545,7 @@ fallow_nbd_local_tier_pages{export=\"d\"} 34
 fallow_nbd_pool_put_pages_total{export=\"d\"} 10
 fallow_nbd_pool_used_bytes{pool=\"in-process\"} 2097152
 fallow_nbd_pool_lent_bytes{pool=\"in-process\"} 67108864
+fallow_nbd_pool_pages{pool=\"in-process\"} 1024
 # EOF
 ";
 
@@ -541,7 +566,8 @@ fallow_nbd_pool_lent_bytes{pool=\"in-process\"} 67108864
         assert_eq!(d.hit_ratio(), Some(0.9));
         assert_eq!(d.backing_mean_seconds(), Some(0.005));
         assert!(d.pool_trusted);
-        assert_eq!(s.pool_memory, Some((2 << 20, 64 << 20)));
+        let pool = PoolMemory { used_bytes: 2 << 20, lent_bytes: 64 << 20, pages: Some(1024) };
+        assert_eq!(s.pool_memory, Some(pool));
         let names: Vec<_> = s.commands().iter().map(|(n, _)| *n).collect();
         assert_eq!(names, ["read", "write", "flush"]);
     }
@@ -554,7 +580,7 @@ nbd           http://127.0.0.1:9100/metrics (1 connection open, 3 accepted)
 requests      read                40 ok, 160.0 KiB, mean 100 µs, 2 refused
               write                4 ok
               flush                0 ok, 1 failed
-pool          2.0 MiB used of 64.0 MiB lent
+pool          2.0 MiB used of 64.0 MiB lent, 1024 pages (apparent capacity 2.00 ×)
 
 export d      16.0 MiB
   hit ratio   0.900 (36 hits: 30 local, 6 pool, 0 dirty; 4 misses)
