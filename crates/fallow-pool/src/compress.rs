@@ -1,6 +1,9 @@
 //! The background compressor: a thread that periodically runs the engine's background
 //! pass, which compresses pages that stayed cold (not read since its previous look), so
-//! compression never runs on a put or a get, and moves a step of every hash table's
+//! compression never runs on a put or a get. A pass that found pages to compress is
+//! followed by the next one sooner ([`CATCH_UP`] of the period), so a pool that received
+//! a disk image's worth of pages at once gets through them in minutes rather than hours,
+//! each pass still holding the locks for one batch only; and moves a step of every hash table's
 //! growth under way (`Engine::finish_growth`), which inserts alone might never finish.
 //! The thread knows nothing of the engine: the engine hands it the pass to run.
 
@@ -9,6 +12,11 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
+
+/// How much sooner the next pass runs after one that compressed something: a tenth of the
+/// period. At the default period (100 ms) and batch (32 pages), 3,200 pages a second
+/// instead of 320, for about 2 % of a core.
+const CATCH_UP: u32 = 10;
 
 /// A running compressor thread; dropping it stops and joins the thread.
 pub struct Compressor {
@@ -27,8 +35,9 @@ impl Compressor {
             .spawn(move || {
                 let (lock, cvar) = &*flag;
                 let mut stopped = lock.lock();
+                let mut wait = every;
                 while !*stopped {
-                    cvar.wait_for(&mut stopped, every);
+                    cvar.wait_for(&mut stopped, wait);
                     if *stopped {
                         break;
                     }
@@ -36,8 +45,10 @@ impl Compressor {
                     // pass of `batch` pages holds every shard and the store for ~batch × 5 µs.
                     drop(stopped);
                     let done = pass();
+                    wait = every;
                     if done > 0 {
                         tracing::trace!(done, "compressed cold pages");
+                        wait = (every / CATCH_UP).max(Duration::from_millis(1));
                     }
                     stopped = lock.lock();
                 }
@@ -57,5 +68,35 @@ impl Drop for Compressor {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// Passes a compressor runs in `run` when each pass reports `done` pages.
+    fn passes_in(run: Duration, done: usize) -> usize {
+        let passes = Arc::new(AtomicUsize::new(0));
+        let counted = passes.clone();
+        let compressor = Compressor::start(Duration::from_millis(200), move || {
+            counted.fetch_add(1, Ordering::Relaxed);
+            done
+        });
+        std::thread::sleep(run);
+        drop(compressor);
+        passes.load(Ordering::Relaxed)
+    }
+
+    #[test]
+    fn passes_that_find_work_come_sooner() {
+        // Idle: one pass per 200 ms period, two in 500 ms (three on a late wake-up).
+        let idle = passes_in(Duration::from_millis(500), 0);
+        assert!((1..=3).contains(&idle), "{idle} idle passes");
+        // Busy: the first after 200 ms, then one every 20 ms, about 15 in 500 ms.
+        let busy = passes_in(Duration::from_millis(500), 32);
+        assert!(busy >= 5, "{busy} busy passes");
     }
 }
