@@ -143,7 +143,7 @@ impl Engine {
             let inner = inner.clone();
             Compressor::start(every, move || {
                 inner.tidy_pass(TIDY_GROUPS);
-                inner.compress_pass(inner.config.compress_batch)
+                inner.compress_pass(inner.config.compress_batch).1
             })
         });
         tracing::info!(
@@ -257,7 +257,7 @@ impl Engine {
     /// Compresses up to `max` cold pages of pools with compression on, now. Returns how
     /// many were compressed. The background thread calls this periodically.
     pub fn compress_cold(&self, max: usize) -> usize {
-        self.inner.compress_pass(max)
+        self.inner.compress_pass(max).0
     }
 
     /// Stores pages by content hash instead of bytes (dedup across nodes: a client that
@@ -345,11 +345,12 @@ impl Inner {
     }
 
     /// One compression pass: compresses at most `max` cold pages, looking at no more than
-    /// four times as many, and returns how many it compressed. It walks index entries, not
+    /// four times as many; returns how many it compressed, and whether it stopped at one of
+    /// those limits (so more may be waiting). It walks index entries, not
     /// contents, so that it can write a compressed page's new id into the entry naming it
     /// (`store/compress.rs`); each shard keeps its own hand, and the shard a pass starts in
     /// takes turns, so a pass that ends early does not always favour the first ones.
-    pub(crate) fn compress_pass(&self, max: usize) -> usize {
+    pub(crate) fn compress_pass(&self, max: usize) -> (usize, bool) {
         let mut shards = self.lock_all_shards();
         let mut store = self.store.write();
         let (mut done, mut examined) = (0, 0);
@@ -377,7 +378,7 @@ impl Inner {
         // Pages dropped or overwritten since the last pass left holes among the compressed
         // ones: pack a few slabs (each a copy of at most 64 KiB under these locks).
         store.clean_blobs(CLEAN_PER_PASS);
-        done
+        (done, done == max || examined == max.saturating_mul(4))
     }
 
     /// Forgets a removed slot's page: drops its content reference and its pool's count.
