@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use fallow_core::{
-    check_batch, ObjectId, PageKey, PoolId, PoolSpec, PutOutcome, StoreError, PAGE_SIZE,
+    check_batch, ObjectId, PageKey, PoolId, PoolSpec, PutOutcome, Sharing, StoreError, PAGE_SIZE,
 };
 use fallow_proto::fallow::{MemberInfo, Op, PageRef, Reply, Request, Status};
 use parking_lot::Mutex;
@@ -394,7 +394,16 @@ pub(crate) fn failure(reply: Reply, pool: Option<PoolId>) -> ClientError {
 #[async_trait::async_trait]
 impl fallow_core::AsyncPageStore for Client {
     async fn create_pool(&self, spec: &PoolSpec) -> Result<PoolId, StoreError> {
-        Ok(Client::create_pool(self, spec).await?)
+        let result = Client::create_pool(self, spec).await;
+        // The engine's own error for a mismatch, with the UUID the node's reply leaves out.
+        if let (
+            Err(ClientError::Refused { status: Status::SharedPoolMismatch, .. }),
+            Sharing::Shared { uuid },
+        ) = (&result, spec.sharing)
+        {
+            return Err(StoreError::SharedPoolMismatch { uuid });
+        }
+        Ok(result?)
     }
 
     async fn destroy_pool(&self, pool: PoolId) -> Result<(), StoreError> {

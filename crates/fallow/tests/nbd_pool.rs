@@ -256,3 +256,65 @@ fn fio_verifies_a_pool_export_on_three_nodes_while_one_is_killed() {
     fio_passed(fio, dir.path(), "again", || nbd.log_so_far());
     assert!(!nbd.log_so_far().contains("panicked"));
 }
+
+#[test]
+fn a_restarted_export_finds_its_disk_on_the_node_by_uuid() {
+    if !support::have("qemu-io") {
+        eprintln!("skipped: qemu-io is needed (Debian package qemu-utils)");
+        return;
+    }
+    let dir = TempDir::new("nbd-pool-uuid");
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "nbd-pool-test-secret-0123456789ab\n").unwrap();
+    let s = secret.to_str().unwrap();
+    let (_node, addr) =
+        start_node(&["--listen", "127.0.0.1:0", "--lend", "64M", "--secret-file", s], START);
+    let pool = format!("fallow://{addr}");
+    let export = "d=pool:16M,uuid=6f1c2a9e-0b7d-4e2f-9a35-1d2c3b4a5f60";
+    let args = ["--export", export, "--pool", &pool, "--secret-file", s, "--local-tier", "0"];
+    let (mut first, uri) = start_nbd(&args);
+    let (ok, text) = qemu_io(&uri, &["write -P 0x42 0 1M", "write -P 0x24 8M 64k"]);
+    assert!(ok, "{text}");
+    // Killed without warning: its client's lease keeps the pool on the node meanwhile.
+    first.kill();
+    let (mut second, uri) = start_nbd(&args);
+    let (ok, text) =
+        qemu_io(&uri, &["read -P 0x42 0 1M", "read -P 0x24 8M 64k", "read -P 0 1M 1M"]);
+    assert!(ok, "the restarted export lost its disk: {text}");
+    // Another size under the same UUID is refused, with the reason.
+    let out = support::fallow()
+        .args(["nbd", "--listen", "127.0.0.1:0"])
+        .args(["--export", "d=pool:32M,uuid=6f1c2a9e0b7d4e2f9a351d2c3b4a5f60"])
+        .args(["--pool", &pool, "--secret-file", s])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("another size"), "{err}");
+    assert!(second.signal("TERM").success());
+    assert!(second.wait_timeout(Duration::from_secs(10)).is_some_and(|s| s.success()));
+}
+
+#[test]
+fn bad_pool_exports_are_refused_with_the_reason() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--export", "d=pool:16M"], "give --pool"),
+        (&["--export", "d=pool:1000", "--pool", "local:16M"], "multiple of 4 KiB"),
+        (&["--export", "d=pool:16M,uuid=xyz", "--pool", "local:16M"], "32 hex digits"),
+        (&["--export", "d=pool:16M,color=red", "--pool", "local:16M"], "pool:SIZE[,uuid=UUID]"),
+        (
+            &[
+                "--export",
+                "d=pool:16M,uuid=6f1c2a9e0b7d4e2f9a351d2c3b4a5f60",
+                "--pool",
+                "local:16M",
+            ],
+            "goes with the process",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = support::fallow().args(["nbd", "--listen", "127.0.0.1:0"]).args(*args).output();
+        let out = out.unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(want), "{args:?}: {err}");
+    }
+}

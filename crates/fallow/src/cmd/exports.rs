@@ -19,9 +19,11 @@ use fallow_pool::{Engine, EngineBuilder};
 pub struct ExportArgs {
     /// An export: NAME=file:PATH[,size=SIZE] | NAME=PATH | NAME=mem:SIZE | NAME=nbd://… |
     /// NAME=rados:POOL/PREFIX[,size=SIZE][,conf=PATH][,user=NAME][,namespace=NS][,timeout=SECS]
-    /// | NAME=pool:SIZE (a disk that lives only in --pool, in a persistent pool of its own:
-    /// pages never written read as zeros, writes must be whole 4 KiB pages, a write the
-    /// pool has no room for fails with ENOSPC; for swap or scratch space, see docs/nbd.md).
+    /// | NAME=pool:SIZE[,uuid=UUID] (a disk that lives only in --pool, in a persistent pool
+    /// of its own: pages never written read as zeros, writes must be whole 4 KiB pages, a
+    /// write the pool has no room for fails with ENOSPC; with uuid=, 32 hex digits, the
+    /// pool is named on a node, and the export, restarted, finds its disk again while the
+    /// node keeps it; for swap or scratch space, see docs/nbd.md).
     /// Repeatable; the first is also the default export.
     #[arg(long = "export", value_name = "NAME=BACKING", required = true)]
     pub exports: Vec<String>,
@@ -222,25 +224,69 @@ async fn open_backing(spec: &str) -> anyhow::Result<Arc<dyn BackingStore>> {
     Ok(Arc::new(store))
 }
 
-/// Opens `pool:SIZE`: a persistent pool of its own in the `--pool` store, with a quota of
-/// the device's pages, as the export's only store.
+/// Opens `pool:SIZE[,uuid=UUID]`: a persistent pool of its own in the `--pool` store, with a
+/// quota of the device's pages, as the export's only store. With a UUID the pool is shared
+/// under it, so that a restarted export attaches to the pool it left on a node.
 async fn open_pool_backing(
     pool: Option<&OpenedPool>,
-    size: &str,
+    rest: &str,
     compress: bool,
 ) -> anyhow::Result<Arc<dyn BackingStore>> {
     let Some(pool) = pool else {
         bail!("a pool: export lives in the pool: give --pool local:SIZE or fallow://HOST:PORT");
+    };
+    let (size, uuid) = match rest.split_once(',') {
+        None => (rest, None),
+        Some((size, option)) => match option.split_once('=') {
+            Some(("uuid", uuid)) => (size, Some(parse_uuid(uuid)?)),
+            _ => bail!("unknown option {option:?}; expected pool:SIZE[,uuid=UUID]"),
+        },
     };
     let bytes = parse_size(size)?;
     if bytes == 0 || !bytes.is_multiple_of(fallow_core::PAGE_SIZE as u64) {
         bail!("pool:{size}: the size must be a positive multiple of 4 KiB");
     }
     let pages = bytes / fallow_core::PAGE_SIZE as u64;
-    let spec = PoolSpec { quota_pages: Some(pages), compress, ..PoolSpec::persistent() };
-    let id = pool.store.create_pool(&spec).await.context("creating the persistent pool")?;
-    tracing::info!(pool = %id, pages, compress, "persistent pool created for the export");
+    let mut spec = PoolSpec { quota_pages: Some(pages), compress, ..PoolSpec::persistent() };
+    if let Some(uuid) = uuid {
+        if pool.engine.is_some() {
+            bail!(
+                "uuid= names a pool on a node, to find it again after a restart; a pool in \
+                 this process (--pool local:) goes with the process"
+            );
+        }
+        spec = spec.shared(uuid);
+    }
+    let id = pool.store.create_pool(&spec).await.map_err(|err| match err {
+        fallow_core::StoreError::SharedPoolMismatch { .. } => anyhow::anyhow!(
+            "the pool under uuid {uuid:032x} was made with another size or --compress \
+             setting; give the same ones, or another uuid",
+            uuid = uuid.unwrap_or_default()
+        ),
+        // A cluster keeps two copies of private persistent pools only.
+        fallow_core::StoreError::InvalidSpec(why) if uuid.is_some() => anyhow::anyhow!(
+            "{why}: a pool export with uuid= needs a single node (a shared pool is not \
+             replicated across a cluster)"
+        ),
+        err => anyhow::Error::new(err).context("creating the persistent pool"),
+    })?;
+    match uuid {
+        Some(uuid) => tracing::info!(pool = %id, pages, compress, uuid = %format!("{uuid:032x}"),
+            "persistent pool of the export created, or attached to again"),
+        None => {
+            tracing::info!(pool = %id, pages, compress, "persistent pool created for the export")
+        }
+    }
     Ok(Arc::new(PoolStore::new(pool.store.clone(), id, 0, bytes)?))
+}
+
+/// A pool's UUID: 32 hex digits, dashes allowed (`uuidgen`'s form).
+fn parse_uuid(text: &str) -> anyhow::Result<u128> {
+    let digits: String = text.chars().filter(|c| *c != '-').collect();
+    if digits.len() != 32 {
+        bail!("uuid={text}: expected 32 hex digits (as `uuidgen` prints, dashes allowed)");
+    }
+    u128::from_str_radix(&digits, 16).with_context(|| format!("uuid={text}: not hex"))
 }
 
 /// Opens `rados:REST`: connects to the cluster and opens (or, with `size=`, creates) the
