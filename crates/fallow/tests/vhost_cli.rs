@@ -155,3 +155,33 @@ fn a_read_only_export_refuses_writes_and_serves_reads_to_the_next_frontend() {
 fn virtio_blk_f_ro() -> u32 {
     5
 }
+
+/// A pool export offered to a guest: 4 KiB logical blocks, so that the guest never writes
+/// less than the whole pages the store takes; pages never written read as zeros, a write
+/// less than a page fails alone, discarded pages read as zeros again.
+#[test]
+fn a_pool_export_has_4k_blocks_and_reads_zeros_until_written() {
+    let dir = TempDir::new("vhost-cli-pool");
+    let (mut vhost, socket) = start(dir.path(), &["--export", "d=pool:16M", "--pool", "local:32M"]);
+    let mut driver = connect(&socket);
+    assert_eq!(driver.config().blk_size, 4096);
+    assert_eq!(driver.capacity(), 16 << 20);
+    let mut page = vec![1u8; 4096];
+    assert_eq!(driver.read(8192, &mut page).unwrap(), Status::Ok);
+    assert!(page.iter().all(|&b| b == 0), "never written");
+    for offset in [8192, 12288] {
+        assert_eq!(driver.write(offset, &[0x3c; 4096]).unwrap(), Status::Ok);
+    }
+    assert_eq!(driver.write(512, &[9; 512]).unwrap(), Status::IoErr, "less than a page");
+    assert_eq!(driver.read(8192, &mut page).unwrap(), Status::Ok);
+    assert!(page.iter().all(|&b| b == 0x3c));
+    assert_eq!(driver.read(0, &mut page).unwrap(), Status::Ok);
+    assert!(page.iter().all(|&b| b == 0), "the refused write left nothing");
+    assert_eq!(driver.discard(8192, 4096).unwrap(), Status::Ok);
+    assert_eq!(driver.read(8192, &mut page).unwrap(), Status::Ok);
+    assert!(page.iter().all(|&b| b == 0), "discarded");
+    assert_eq!(driver.read(12288, &mut page).unwrap(), Status::Ok);
+    assert!(page.iter().all(|&b| b == 0x3c), "its neighbour stays");
+    driver.stop().unwrap();
+    stop(&mut vhost);
+}
