@@ -31,6 +31,7 @@ mod nbd;
 mod pool;
 #[cfg(feature = "rados")]
 pub mod rados;
+mod write_behind;
 
 use std::fmt;
 use std::io;

@@ -19,6 +19,11 @@
 //!   nothing to add. How long the pool keeps it is the pool's matter: as long as the
 //!   process that holds it (a local pool), the node's client lease (a node), or any one of
 //!   two nodes (a cluster).
+//! * With a backup file ([`PoolStore::with_backup`], `write_behind.rs`), every change also
+//!   goes to the file in the background; a page the pool cannot give back is read from the
+//!   change on its way or from the file, and `flush` waits until the file has every change
+//!   and is durable. Block status is then not offered: a hole in the pool may be data in
+//!   the file.
 
 use std::io;
 use std::sync::Arc;
@@ -29,7 +34,8 @@ use fallow_core::{
     AsyncPageStore, NotStored, ObjectId, PageKey, PoolId, PutOutcome, StoreError, PAGE_SIZE,
 };
 
-use crate::{check_range, BackingStore, Capabilities, Durability, Extent, Zeroing};
+use crate::write_behind::{Change, WriteBehind};
+use crate::{check_range, BackingStore, Capabilities, Durability, Extent, FileStore, Zeroing};
 
 /// The most pages one request to the pool carries (the node protocol's batch limit).
 const BATCH: usize = fallow_proto::fallow::MAX_BATCH;
@@ -43,6 +49,7 @@ pub struct PoolStore {
     pool: PoolId,
     object: ObjectId,
     size: u64,
+    backup: Option<WriteBehind>,
 }
 
 impl std::fmt::Debug for PoolStore {
@@ -51,6 +58,7 @@ impl std::fmt::Debug for PoolStore {
             .field("pool", &self.pool)
             .field("object", &self.object)
             .field("size", &self.size)
+            .field("backup_pending_bytes", &self.backup.as_ref().map(WriteBehind::pending_bytes))
             .finish_non_exhaustive()
     }
 }
@@ -70,7 +78,27 @@ impl PoolStore {
                 format!("a pool export's size must be a positive multiple of 4 KiB, not {size}"),
             ));
         }
-        Ok(PoolStore { pages, pool, object, size })
+        Ok(PoolStore { pages, pool, object, size, backup: None })
+    }
+
+    /// Backs the device up into `file` (of the device's size) in the background, holding
+    /// at most `limit` bytes on their way to it; starts the writer on the current runtime.
+    /// A file that already holds the disk (the pool was lost) serves every page the pool
+    /// does not have.
+    pub fn with_backup(mut self, file: FileStore, limit: usize) -> io::Result<PoolStore> {
+        if file.size() != self.size {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("the backup file holds {} bytes, the export {}", file.size(), self.size),
+            ));
+        }
+        self.backup = Some(WriteBehind::start(file, limit));
+        Ok(self)
+    }
+
+    /// The pool the device lives in.
+    pub fn pool(&self) -> PoolId {
+        self.pool
     }
 
     fn key(&self, page: u64) -> PageKey {
@@ -155,13 +183,14 @@ impl BackingStore for PoolStore {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             read_only: false,
-            // Nothing is volatile between a write and the pool.
-            flush: false,
+            // Nothing is volatile between a write and the pool; with a backup, the file is
+            // durable only once a flush has drained what is on its way.
+            flush: self.backup.is_some(),
             fua: false,
             trim: true,
             trim_zeroes: true,
             fast_zero: true,
-            block_status: true,
+            block_status: self.backup.is_none(),
             multi_conn: true,
         }
     }
@@ -172,13 +201,40 @@ impl BackingStore for PoolStore {
 
     async fn read(&self, offset: u64, len: u32) -> io::Result<Bytes> {
         let pages = self.page_range(offset, u64::from(len))?;
-        let first = pages.start;
-        let found = self.get(pages).await?;
-        let mut out = BytesMut::zeroed(found.len() * PAGE_SIZE);
+        let (first, count) = (pages.start, (pages.end - pages.start) as usize);
+        let found = match (self.get(pages.clone()).await, &self.backup) {
+            (Ok(found), _) => found,
+            (Err(err), None) => return Err(err),
+            // The pool is gone or lost pages: the backup has them all.
+            (Err(err), Some(_)) => {
+                tracing::warn!(%err, "the pool failed a read; reading the backup instead");
+                vec![None; count]
+            }
+        };
+        let mut out = BytesMut::zeroed(count * PAGE_SIZE);
+        let mut from_file: Option<Bytes> = None;
         for (i, page) in found.iter().enumerate() {
-            if let (Some(page), Some(dst)) = (page, out.get_mut(i * PAGE_SIZE..(i + 1) * PAGE_SIZE))
-            {
-                dst.copy_from_slice(page);
+            let Some(dst) = out.get_mut(i * PAGE_SIZE..(i + 1) * PAGE_SIZE) else { break };
+            match (page, &self.backup) {
+                (Some(page), _) => dst.copy_from_slice(page),
+                (None, None) => {}
+                (None, Some(backup)) => match backup.lookup(first + i as u64) {
+                    Some(Change::Data(bytes)) => dst.copy_from_slice(&bytes),
+                    Some(Change::Zero) => {}
+                    None => {
+                        if from_file.is_none() {
+                            let whole = u32::try_from(count * PAGE_SIZE).unwrap_or(u32::MAX);
+                            let at = first * PAGE_SIZE as u64;
+                            from_file = Some(backup.file().read(at, whole).await?);
+                        }
+                        if let Some(src) = from_file
+                            .as_ref()
+                            .and_then(|f| f.get(i * PAGE_SIZE..(i + 1) * PAGE_SIZE))
+                        {
+                            dst.copy_from_slice(src);
+                        }
+                    }
+                },
             }
         }
         let skip = (offset - first * PAGE_SIZE as u64) as usize;
@@ -187,20 +243,32 @@ impl BackingStore for PoolStore {
 
     async fn write(&self, offset: u64, data: Bytes, _durability: Durability) -> io::Result<()> {
         let pages = self.whole_pages("write", offset, data.len() as u64)?;
+        if let Some(backup) = &self.backup {
+            backup.record(pages.start, pages.end - pages.start, Some(&data)).await;
+        }
         self.put(pages.start, data).await
     }
 
     async fn flush(&self) -> io::Result<()> {
-        Ok(())
+        match &self.backup {
+            Some(backup) => backup.drain().await,
+            None => Ok(()),
+        }
     }
 
     async fn trim(&self, offset: u64, len: u32) -> io::Result<()> {
         let pages = self.whole_pages("trim", offset, u64::from(len))?;
+        if let Some(backup) = &self.backup {
+            backup.record(pages.start, pages.end - pages.start, None).await;
+        }
         self.remove(pages).await
     }
 
     async fn write_zeroes(&self, offset: u64, len: u32, zeroing: Zeroing) -> io::Result<()> {
         let pages = self.whole_pages("write zeroes", offset, u64::from(len))?;
+        if let Some(backup) = &self.backup {
+            backup.record(pages.start, pages.end - pages.start, None).await;
+        }
         match zeroing {
             Zeroing::MayDeallocate => self.remove(pages).await,
             // A zero page is a fill in the pool: it costs its index entry, no frame.

@@ -318,3 +318,39 @@ fn bad_pool_exports_are_refused_with_the_reason() {
         assert!(!out.status.success() && err.contains(want), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn a_backed_up_pool_export_survives_the_loss_of_its_pool() {
+    if !support::have("qemu-io") {
+        eprintln!("skipped: qemu-io is needed (Debian package qemu-utils)");
+        return;
+    }
+    let dir = TempDir::new("nbd-pool-backup");
+    let backup = dir.path().join("backup.img");
+    let export = format!("d=pool:16M,backup={}", backup.display());
+    let args = ["--export", &export, "--pool", "local:32M", "--local-tier", "0"];
+    let (mut first, uri) = start_nbd(&args);
+    let (ok, text) = qemu_io(&uri, &["write -P 0x61 0 1M", "write -P 0x62 4M 64k", "flush"]);
+    assert!(ok, "{text}");
+    let (ok, text) = qemu_io(&uri, &["write -P 0x63 8M 256k", "discard 4M 4k"]);
+    assert!(ok, "{text}");
+    // SIGTERM: the writes after the flush reach the file too, and the pool, in the
+    // process, goes with it.
+    assert!(first.signal("TERM").success());
+    assert!(first.wait_timeout(Duration::from_secs(15)).is_some_and(|s| s.success()));
+    let (mut second, uri) = start_nbd(&args);
+    let (ok, text) = qemu_io(
+        &uri,
+        &[
+            "read -P 0x61 0 1M",
+            "read -P 0 4M 4k",
+            "read -P 0x62 4100k 60k",
+            "read -P 0x63 8M 256k",
+            "read -P 0 12M 1M",
+        ],
+    );
+    assert!(ok, "the disk did not survive its pool: {text}");
+    assert!(second.signal("TERM").success());
+    assert!(second.wait_timeout(Duration::from_secs(15)).is_some_and(|s| s.success()));
+    assert_eq!(std::fs::metadata(&backup).unwrap().len(), 16 << 20);
+}

@@ -19,11 +19,13 @@ use fallow_pool::{Engine, EngineBuilder};
 pub struct ExportArgs {
     /// An export: NAME=file:PATH[,size=SIZE] | NAME=PATH | NAME=mem:SIZE | NAME=nbd://… |
     /// NAME=rados:POOL/PREFIX[,size=SIZE][,conf=PATH][,user=NAME][,namespace=NS][,timeout=SECS]
-    /// | NAME=pool:SIZE[,uuid=UUID] (a disk that lives only in --pool, in a persistent pool
-    /// of its own: pages never written read as zeros, writes must be whole 4 KiB pages, a
-    /// write the pool has no room for fails with ENOSPC; with uuid=, 32 hex digits, the
-    /// pool is named on a node, and the export, restarted, finds its disk again while the
-    /// node keeps it; for swap or scratch space, see docs/nbd.md).
+    /// | NAME=pool:SIZE[,uuid=UUID][,backup=PATH] (a disk that lives only in --pool, in a
+    /// persistent pool of its own: pages never written read as zeros, writes must be whole
+    /// 4 KiB pages, a write the pool has no room for fails with ENOSPC; with uuid=, 32 hex
+    /// digits, the pool is named on a node, and the export, restarted, finds its disk again
+    /// while the node keeps it; with backup=, a file, created sparse if missing, receives
+    /// every page in the background (up to --max-dirty on its way), so that the disk
+    /// survives the loss of the pool; for swap or scratch space, see docs/nbd.md).
     /// Repeatable; the first is also the default export.
     #[arg(long = "export", value_name = "NAME=BACKING", required = true)]
     pub exports: Vec<String>,
@@ -128,7 +130,9 @@ pub async fn open_exports(
     for (name, spec) in specs {
         let backing = match spec.strip_prefix("pool:") {
             Some(size) => {
-                let backing = open_pool_backing(pool.as_ref(), size, args.compress).await;
+                let limit = parse_size(&args.max_dirty)
+                    .with_context(|| format!("--max-dirty {}", args.max_dirty))?;
+                let backing = open_pool_backing(pool.as_ref(), size, args.compress, limit).await;
                 backing.with_context(|| format!("--export {name}={spec}"))?
             }
             None => open_backing(&spec).await?,
@@ -155,24 +159,33 @@ pub async fn open_exports(
 const FINAL_FLUSH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Makes every acknowledged write durable before the process exits: with write-back, the
-/// dirty data still in memory. Bounded, so a store that is gone cannot hold the exit
-/// forever; what could not be written is logged.
+/// dirty data still in memory, and what a store holds on its way (a pool export's backup
+/// file). Bounded, so a store that is gone cannot hold the exit forever; what could not be
+/// written is logged.
 pub async fn flush_exports(exports: &[OpenedExport]) {
     for export in exports {
         let dirty = export.cache.dirty_bytes();
-        if dirty == 0 {
+        let caps = export.cache.backing().capabilities();
+        // A store with a volatile part (a file's page cache, a pool export's backup on its
+        // way) is flushed even with nothing dirty in the cache.
+        if dirty == 0 && (!caps.flush || caps.read_only) {
             continue;
         }
-        tracing::info!(export = %export.name, dirty, "writing dirty data out before exit");
+        if dirty > 0 {
+            tracing::info!(export = %export.name, dirty, "writing dirty data out before exit");
+        }
         match tokio::time::timeout(FINAL_FLUSH_TIMEOUT, export.cache.flush()).await {
             Ok(Ok(())) => {}
-            Ok(Err(err)) => {
-                tracing::error!(export = %export.name, %err, "dirty data not written out: lost")
-            }
+            Ok(Err(err)) => tracing::error!(
+                export = %export.name,
+                %err,
+                "the store's flush failed: writes since the last flush may be lost"
+            ),
             Err(_) => tracing::error!(
                 export = %export.name,
                 dirty = export.cache.dirty_bytes(),
-                "the store took over {FINAL_FLUSH_TIMEOUT:?}; dirty data not written out: lost"
+                "the store took over {FINAL_FLUSH_TIMEOUT:?} to flush: writes since the last \
+                 flush may be lost"
             ),
         }
     }
@@ -231,17 +244,21 @@ async fn open_pool_backing(
     pool: Option<&OpenedPool>,
     rest: &str,
     compress: bool,
+    backup_limit: u64,
 ) -> anyhow::Result<Arc<dyn BackingStore>> {
     let Some(pool) = pool else {
         bail!("a pool: export lives in the pool: give --pool local:SIZE or fallow://HOST:PORT");
     };
-    let (size, uuid) = match rest.split_once(',') {
-        None => (rest, None),
-        Some((size, option)) => match option.split_once('=') {
-            Some(("uuid", uuid)) => (size, Some(parse_uuid(uuid)?)),
-            _ => bail!("unknown option {option:?}; expected pool:SIZE[,uuid=UUID]"),
-        },
-    };
+    let mut parts = rest.split(',');
+    let size = parts.next().unwrap_or_default();
+    let (mut uuid, mut backup) = (None, None);
+    for option in parts {
+        match option.split_once('=') {
+            Some(("uuid", text)) => uuid = Some(parse_uuid(text)?),
+            Some(("backup", path)) if !path.is_empty() => backup = Some(PathBuf::from(path)),
+            _ => bail!("unknown option {option:?}; expected pool:SIZE[,uuid=UUID][,backup=PATH]"),
+        }
+    }
     let bytes = parse_size(size)?;
     if bytes == 0 || !bytes.is_multiple_of(fallow_core::PAGE_SIZE as u64) {
         bail!("pool:{size}: the size must be a positive multiple of 4 KiB");
@@ -277,7 +294,15 @@ async fn open_pool_backing(
             tracing::info!(pool = %id, pages, compress, "persistent pool created for the export")
         }
     }
-    Ok(Arc::new(PoolStore::new(pool.store.clone(), id, 0, bytes)?))
+    let store = PoolStore::new(pool.store.clone(), id, 0, bytes)?;
+    let Some(path) = backup else {
+        return Ok(Arc::new(store));
+    };
+    let file = FileStore::open_or_create(&path, bytes)
+        .with_context(|| format!("the backup file {}", path.display()))?;
+    let limit = usize::try_from(backup_limit).unwrap_or(usize::MAX);
+    tracing::info!(backup = %path.display(), limit, "the export is backed up into a file");
+    Ok(Arc::new(store.with_backup(file, limit)?))
 }
 
 /// A pool's UUID: 32 hex digits, dashes allowed (`uuidgen`'s form).
