@@ -12,7 +12,7 @@ mod support;
 
 use std::fs::File;
 use std::io::{Read, Write};
-use std::net::{TcpStream, UdpSocket};
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -42,20 +42,6 @@ fn metric(text: &str, name: &str, labels: &str) -> Option<u64> {
         .find_map(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
-/// Polls `fallow stat --cluster --json` on `node` until it lists three members alive.
-fn wait_for_three(node: &str, secret: &Path) {
-    let ok = support::poll_until(Duration::from_secs(10), || {
-        let out = support::fallow()
-            .args(["stat", "--cluster", "--json", "--timeout", "2", "--node", node])
-            .args(["--secret-file", secret.to_str().unwrap()])
-            .output()
-            .unwrap();
-        let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-        list["alive"] == 3
-    });
-    assert!(ok, "three nodes did not converge");
-}
-
 #[test]
 fn fio_verifies_through_a_cluster_while_a_node_is_killed() {
     for (tool, args) in [("bash", &["--version"][..]), ("fio", &["--enghelp=nbd"][..])] {
@@ -68,27 +54,11 @@ fn fio_verifies_through_a_cluster_while_a_node_is_killed() {
     let secret = dir.path().join("secret");
     std::fs::write(&secret, "nbd-cluster-test-secret-0123456789\n").unwrap();
     let s = secret.to_str().unwrap();
-    let addrs: Vec<(String, String)> = (0..3)
-        .map(|_| {
-            let udp = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-            (format!("127.0.0.1:{}", free_port()), format!("127.0.0.1:{udp}"))
-        })
-        .collect();
-    let mut nodes: Vec<Daemon> = (0..3)
-        .map(|i| {
-            let join: Vec<&str> = (0..3).filter(|j| *j != i).map(|j| addrs[j].1.as_str()).collect();
-            let join = join.join(",");
-            let (listen, gossip) = (&addrs[i].0, &addrs[i].1);
-            let args = ["--listen", listen, "--gossip", gossip, "--join", &join];
-            let args = [&args[..], &["--lend", "64M", "--secret-file", s]].concat();
-            start_node(&args, START_TIMEOUT).0
-        })
-        .collect();
-    wait_for_three(&addrs[0].0, &secret);
+    let (mut nodes, addrs) = support::start_cluster(3, &["--lend", "64M"], &secret, START_TIMEOUT);
 
     let image = dir.path().join("fio.img");
     let export = format!("fio=file:{},size=64M", image.display());
-    let pool = format!("fallow://{}", addrs[0].0);
+    let pool = format!("fallow://{}", addrs[0]);
     let metrics = format!("127.0.0.1:{}", free_port());
     let (mut server, base_uri) = Daemon::start(
         "fallow nbd",
@@ -134,7 +104,7 @@ fn fio_verifies_through_a_cluster_while_a_node_is_killed() {
     std::thread::sleep(Duration::from_millis(300));
     let before_kill = scrape(&metrics);
     nodes[1].kill();
-    println!("killed node {} {:?} after fio started", addrs[1].0, started.elapsed());
+    println!("killed node {} {:?} after fio started", addrs[1], started.elapsed());
 
     let status = fio.wait_until(started + SCRIPT_TIMEOUT);
     let output = std::fs::read_to_string(&out).unwrap_or_default();

@@ -9,12 +9,11 @@
 mod support;
 
 use std::fs::File;
-use std::net::UdpSocket;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{free_port, nbd_serving_uri, start_node, Daemon, ProcessGroup, TempDir};
+use support::{nbd_serving_uri, start_node, Daemon, ProcessGroup, TempDir};
 
 const START: Duration = Duration::from_secs(30);
 /// A backstop for a fio run, which bounds itself with `runtime`.
@@ -160,6 +159,22 @@ fn fio_passed(mut fio: ProcessGroup, dir: &Path, name: &str, log: impl Fn() -> S
     );
 }
 
+/// `fallow nbd` with a 64 MiB pool export on the node (or cluster) at `node`, no local
+/// tier: every read goes to the pool.
+fn pool_export_on(node: &str, secret: &str) -> (Daemon, String) {
+    let pool = format!("fallow://{node}");
+    start_nbd(&[
+        "--export",
+        "d=pool:64M",
+        "--pool",
+        &pool,
+        "--secret-file",
+        secret,
+        "--local-tier",
+        "0",
+    ])
+}
+
 fn have_fio() -> bool {
     let ok = support::command_works("fio", &["--enghelp=nbd"]);
     if !ok {
@@ -179,17 +194,7 @@ fn fio_verifies_a_pool_export_on_a_node() {
     let s = secret.to_str().unwrap();
     let (_node, addr) =
         start_node(&["--listen", "127.0.0.1:0", "--lend", "96M", "--secret-file", s], START);
-    let pool = format!("fallow://{addr}");
-    let (nbd, uri) = start_nbd(&[
-        "--export",
-        "d=pool:64M",
-        "--pool",
-        &pool,
-        "--secret-file",
-        s,
-        "--local-tier",
-        "0",
-    ]);
+    let (nbd, uri) = pool_export_on(&addr, s);
     assert!(nbd.log_so_far().contains("caching in one node"));
     let fio = start_fio(dir.path(), "write", &fio_job(&uri, false));
     fio_passed(fio, dir.path(), "write", || nbd.log_so_far());
@@ -206,42 +211,8 @@ fn fio_verifies_a_pool_export_on_three_nodes_while_one_is_killed() {
     let secret = dir.path().join("secret");
     std::fs::write(&secret, "nbd-pool-test-secret-0123456789ab\n").unwrap();
     let s = secret.to_str().unwrap();
-    let addrs: Vec<(String, String)> = (0..3)
-        .map(|_| {
-            let udp = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-            (format!("127.0.0.1:{}", free_port()), format!("127.0.0.1:{udp}"))
-        })
-        .collect();
-    let mut nodes: Vec<Daemon> = (0..3)
-        .map(|i| {
-            let join: Vec<&str> = (0..3).filter(|j| *j != i).map(|j| addrs[j].1.as_str()).collect();
-            let join = join.join(",");
-            let (listen, gossip) = (&addrs[i].0, &addrs[i].1);
-            let args = ["--listen", listen, "--gossip", gossip, "--join", &join];
-            start_node(&[&args[..], &["--lend", "96M", "--secret-file", s]].concat(), START).0
-        })
-        .collect();
-    let converged = support::poll_until(Duration::from_secs(10), || {
-        let out = support::fallow()
-            .args(["stat", "--cluster", "--json", "--timeout", "2", "--node", &addrs[0].0])
-            .args(["--secret-file", s])
-            .output()
-            .unwrap();
-        let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-        list["alive"] == 3
-    });
-    assert!(converged, "three nodes did not converge");
-    let pool = format!("fallow://{}", addrs[0].0);
-    let (nbd, uri) = start_nbd(&[
-        "--export",
-        "d=pool:64M",
-        "--pool",
-        &pool,
-        "--secret-file",
-        s,
-        "--local-tier",
-        "0",
-    ]);
+    let (mut nodes, addrs) = support::start_cluster(3, &["--lend", "96M"], &secret, START);
+    let (nbd, uri) = pool_export_on(&addrs[0], s);
     let log = nbd.log_so_far();
     assert!(log.contains("caching in a cluster") && log.contains("nodes=3"), "{log}");
     let fio = start_fio(dir.path(), "write", &fio_job(&uri, false));

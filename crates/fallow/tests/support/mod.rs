@@ -57,6 +57,46 @@ pub fn start_node_with(mut fallow: Command, args: &[&str], timeout: Duration) ->
     )
 }
 
+/// Starts `count` nodes on 127.0.0.1 that gossip with one another (`--gossip`, `--join`),
+/// each with `args` besides, and waits until the first lists them all alive. Returns the
+/// nodes and their protocol addresses, in the same order.
+pub fn start_cluster(
+    count: usize,
+    args: &[&str],
+    secret: &std::path::Path,
+    timeout: Duration,
+) -> (Vec<Daemon>, Vec<String>) {
+    let s = secret.to_str().unwrap();
+    let addrs: Vec<(String, String)> = (0..count)
+        .map(|_| {
+            let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+            (format!("127.0.0.1:{}", free_port()), format!("127.0.0.1:{}", udp.port()))
+        })
+        .collect();
+    let nodes = (0..count)
+        .map(|i| {
+            let join: Vec<&str> =
+                (0..count).filter(|j| *j != i).map(|j| addrs[j].1.as_str()).collect();
+            let join = join.join(",");
+            let (listen, gossip) = (&addrs[i].0, &addrs[i].1);
+            let own = ["--listen", listen, "--gossip", gossip, "--join", &join, "--secret-file", s];
+            start_node(&[&own[..], args].concat(), timeout).0
+        })
+        .collect();
+    let first = &addrs[0].0;
+    let converged = poll_until(Duration::from_secs(10), || {
+        let out = fallow()
+            .args(["stat", "--cluster", "--json", "--timeout", "2", "--node", first])
+            .args(["--secret-file", s])
+            .output()
+            .unwrap();
+        let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        list["alive"] == count
+    });
+    assert!(converged, "{count} nodes did not converge");
+    (nodes, addrs.into_iter().map(|(tcp, _)| tcp).collect())
+}
+
 /// The address in a `fallow node` log line `... listening on TCP addr=127.0.0.1:PORT`.
 pub fn node_tcp_addr(line: &str) -> Option<String> {
     if !line.contains("listening on TCP") {
