@@ -13,10 +13,16 @@ without fallow in the same run (bench/vm.sh builds the binaries and calls this).
                  fallow, and the pool memory N clones use against one (dedup).
   cached-rados   Archipelago's cached: fio in a guest on a Ceph RADOS image through fallow
                  (write-through and write-back) against QEMU's own rbd driver, one-node cluster.
+  swap           frontswap: a 128 MiB guest runs a memory hog as large as its RAM, more than
+                 it has free, so nearly every page goes out to swap and comes back
+                 (fallow-guest-tool memhog, every page verified), swapping to a disk on the
+                 5 ms store, to nbdkit memory (the same store with no delay), and to a
+                 `pool:` export of fallow nbd on one node and on a three-node cluster.
 
 The store is nbdkit's file plugin behind its delay filter (and its stats filter, which counts
 what reached the store); fallow is `fallow nbd` over that store with its pool in a separate
-`fallow node` process (another machine's idle memory) and a 16 MiB local tier. Every guest
+`fallow node` process (another machine's idle memory) and a 16 MiB local tier (for swap,
+the store is nbdkit's memory plugin, and fallow's disk lives only in the pool). Every guest
 has 1 vCPU and a time limit; the configurations of an experiment run one after the other in
 each round, in an order that rotates between rounds, and every ratio is taken within a round
 before the median over rounds.
@@ -41,7 +47,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXPERIMENTS = ["puma-fio", "puma-postmark", "puma-sqlite", "tmem-clones", "cached-rados"]
+EXPERIMENTS = ["puma-fio", "puma-postmark", "puma-sqlite", "tmem-clones", "cached-rados",
+               "swap"]
 MIB = 1 << 20
 
 
@@ -91,8 +98,10 @@ class Lab:
         self.close()
 
 
-def free_port():
-    with socket.socket() as s:
+def free_port(kind=socket.SOCK_STREAM):
+    """A free port of 127.0.0.1 for TCP (or `kind` = socket.SOCK_DGRAM: UDP), chosen by
+    the OS (free when asked: the caller binds it soon after)."""
+    with socket.socket(socket.AF_INET, kind) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
@@ -151,15 +160,51 @@ class Setup:
         wait_for("nbdkit", proc, lambda: port_open(port))
         return f"nbd://127.0.0.1:{port}/", stats, proc
 
-    def node(self, lab, lend="3G"):
+    def mem_store(self, lab, size_mib, delay_ms=0, name="store"):
+        """nbdkit's memory plugin (a RAM disk in user space: the ideal store) of `size_mib`,
+        behind the delay filter when `delay_ms`; returns its URI."""
+        port = free_port()
+        argv = ["nbdkit", "-f", "-i", "127.0.0.1", "-p", str(port)]
+        delay = [f"delay-read={delay_ms}ms", f"delay-write={delay_ms}ms"] if delay_ms else []
+        argv += (["--filter=delay"] if delay_ms else []) + ["memory", f"{size_mib}M"] + delay
+        proc = lab.spawn(name, argv)
+        wait_for("nbdkit", proc, lambda: port_open(port))
+        return f"nbd://127.0.0.1:{port}/"
+
+    def node(self, lab, lend="3G", name="node", extra=(), port=None):
         """A `fallow node` lending `lend`; returns (its address, its metrics address)."""
-        port, mport = free_port(), free_port()
+        port, mport = port or free_port(), free_port()
         env = dict(os.environ, FALLOW_LOG="warn")
-        proc = lab.spawn("node", [self.fallow, "node", "--listen", f"127.0.0.1:{port}",
-                                  "--lend", lend, "--secret-file", self.secret,
-                                  "--metrics", f"127.0.0.1:{mport}"], env)
+        proc = lab.spawn(name, [self.fallow, "node", "--listen", f"127.0.0.1:{port}",
+                                "--lend", lend, "--secret-file", self.secret,
+                                "--metrics", f"127.0.0.1:{mport}", *extra], env)
         wait_for("fallow node", proc, lambda: port_open(port))
         return f"127.0.0.1:{port}", f"127.0.0.1:{mport}"
+
+    def cluster(self, lab, n=3, lend="1G", timeout=30):
+        """`n` nodes that gossip (each joins the others), once the first sees all `n`
+        alive; returns [(address, metrics address)], the first first."""
+        ports = [(free_port(), free_port(socket.SOCK_DGRAM)) for _ in range(n)]
+        nodes = []
+        for i, (port, _) in enumerate(ports):
+            join = ",".join(f"127.0.0.1:{udp}" for j, (_, udp) in enumerate(ports) if j != i)
+            extra = ["--gossip", f"127.0.0.1:{ports[i][1]}", "--join", join]
+            nodes.append(self.node(lab, lend, name=f"node{i}", extra=extra, port=port))
+
+        def alive():
+            out = subprocess.run([self.fallow, "stat", "--cluster", "--json", "--timeout", "2",
+                                  "--node", nodes[0][0], "--secret-file", self.secret],
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            try:
+                return json.loads(out.stdout).get("alive") == n
+            except ValueError:
+                return False
+        deadline = time.time() + timeout
+        while not alive():
+            if time.time() > deadline:
+                raise RuntimeError(f"{n} nodes did not converge within {timeout} s")
+            time.sleep(0.5)
+        return nodes
 
     def export(self, lab, exports, node, mode="exclusive", policy="through", extra=()):
         """`fallow nbd` with `exports` ([(name, backing)]) caching in `node`'s pool; returns
@@ -175,14 +220,18 @@ class Setup:
         wait_for("fallow nbd", proc, lambda: port_open(port))
         return {name: f"nbd://127.0.0.1:{port}/{name}" for name, _ in exports}, mport, proc
 
-    def boot(self, lab, tag, script, disks, memory_mib, time_limit=1800):
-        """Boots the Debian guest (root = the first disk) and returns what it reported."""
+    def boot(self, lab, tag, script, disks, memory_mib, time_limit=1800, debian=True):
+        """Boots the Debian guest (root = the first disk), or with `debian=False` the
+        minimal one (busybox and fallow-guest-tool in its initramfs, every disk free for
+        the script), and returns what it reported."""
         path = os.path.join(lab.dir, f"{tag}.sh")
         with open(path, "w") as f:
             f.write(PROLOGUE + script)
         console = os.path.join(lab.dir, f"{tag}.console")
-        argv = [self.guest, "run", "--script", path, "--root", "/dev/vda", "--memory-mib",
+        argv = [self.guest, "run", "--script", path, "--memory-mib",
                 str(memory_mib), "--time-limit", str(time_limit), "--console", console]
+        if debian:
+            argv += ["--root", "/dev/vda"]
         for d in disks:
             argv += ["--disk", d]
         out = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -639,20 +688,122 @@ def cached_rados(setup, work, sizes):
     return rows
 
 
+# ---- frontswap: a guest swaps to the pool ------------------------------------------------
+
+# In the minimal guest (busybox, fallow-guest-tool): /dev/vda is the swap device, and the
+# memory hog writes a pattern into every page of more memory than the guest has free, in a
+# random order, then reads every page back in another and checks it (it exits 1 on a bad
+# page, and the script with it). Timed inside the guest; what the kernel swapped, from
+# /proc/vmstat. The hog is the guest's RAM, not twice it: the guest has far less than its
+# RAM free, so every page goes out and comes back about once either way (measured), and
+# twice the RAM made one run on the 5 ms disk take 9 minutes under TCG.
+SWAP = """mkswap /dev/vda > /dev/null || exit 10
+swapon /dev/vda || exit 11
+echo "FALLOW-RESULT available_kib $(grep MemAvailable /proc/meminfo | tr -s ' ' | cut -d' ' -f2)"
+up() {{ cut -d' ' -f1 /proc/uptime; }}
+t0=$(up)
+fallow-guest-tool memhog {hog} 7 > /tmp/memhog.out
+status=$?
+t1=$(up)
+echo "FALLOW-RESULT memhog $(cat /tmp/memhog.out)"
+echo "FALLOW-RESULT job_s $(awk "BEGIN {{print $t1 - $t0}}")"
+echo "FALLOW-RESULT pswpout $(grep '^pswpout ' /proc/vmstat | cut -d' ' -f2)"
+echo "FALLOW-RESULT pswpin $(grep '^pswpin ' /proc/vmstat | cut -d' ' -f2)"
+exit $status
+"""
+
+SWAP_CONFIGS = ["disk-5ms", "nbdkit-memory", "pool-node", "pool-node-poll", "pool-cluster"]
+# The pool configurations, and the flags of their nodes and of `fallow nbd`.
+SWAP_POOLS = {"pool-node": (), "pool-node-poll": ("--poll-us", "50"), "pool-cluster": ()}
+
+
+def swap(setup, work, sizes):
+    mem, hog, size = sizes["swap_guest_mib"], sizes["swap_hog_mib"], sizes["swap_disk_mib"]
+    script = SWAP.format(hog=hog)
+    want = f"FALLOW-MEMHOG ok={hog * 256} bad=0"
+    per_round = []
+    for r in range(setup.args.rounds):
+        got = {}
+        for config in rotate(SWAP_CONFIGS, r):
+            with Lab(work, f"swap-{config}-{r}") as lab:
+                nodes = []
+                if config == "disk-5ms":
+                    # An HDD's seek for every request: the store alone, straight to QEMU.
+                    disk = setup.mem_store(lab, size, 5)
+                elif config == "nbdkit-memory":
+                    disk = setup.mem_store(lab, size)
+                else:
+                    # A disk that lives only in the pool: one node, or three that gossip
+                    # (two copies of every page), reached through the first.
+                    # `pool-node-poll`: the node and `fallow nbd` poll their sockets between
+                    # requests (--poll-us), for the swap-ins that come one at a time.
+                    flags = list(SWAP_POOLS[config])
+                    if config == "pool-cluster":
+                        nodes = setup.cluster(lab)
+                    else:
+                        nodes = [setup.node(lab, extra=flags)]
+                    disk = setup.export(lab, [("swap", f"pool:{size}M")], nodes[0][0],
+                                        extra=flags)[0]["swap"]
+                out = setup.boot(lab, "guest", script, [disk], mem, time_limit=1200,
+                                 debian=False)
+                res = out["results"]
+                if res.get("memhog") != want:
+                    raise RuntimeError(f"swap {config}: the hog did not get its memory back "
+                                       f"intact: {res.get('memhog')!r}, want {want!r}")
+                pages = (sum(metric(m, "fallow_node_stored_pages") for _, m in nodes)
+                         if nodes else None)
+            got[config] = {"job_s": float(res["job_s"]), "guest_s": out["elapsed_s"],
+                           "pswpout": int(res["pswpout"]), "pswpin": int(res["pswpin"]),
+                           "available_kib": int(res["available_kib"]),
+                           "pool_pages": pages}
+            g = got[config]
+            log(f"swap {config} round {r + 1}: {g['job_s']:.1f} s (guest {g['guest_s']:.0f} s), "
+                f"swapped out {g['pswpout'] * 4 / 1024:.0f} MiB, in {g['pswpin'] * 4 / 1024:.0f} "
+                f"MiB" + ("" if pages is None else f", pool holds {pages:.0f} pages"))
+        per_round.append(got)
+
+    def med(config, field):
+        return median([g[config][field] for g in per_round])
+    return [{
+        "experiment": f"swap-{config}",
+        "baseline_s": med("disk-5ms", "job_s"),
+        "fallow_s": med(config, "job_s"),
+        # x faster than the disk, and x the speed of nbdkit memory (the same store with no
+        # delay: what the guest gets from an ideal user-space RAM disk).
+        "speedup": median([ratio(g["disk-5ms"]["job_s"], g[config]["job_s"])
+                           for g in per_round]),
+        "floor_s": med("nbdkit-memory", "job_s"),
+        "memory_speed": median([ratio(g["nbdkit-memory"]["job_s"], g[config]["job_s"])
+                                for g in per_round]),
+        "job_s": {c: [g[c]["job_s"] for g in per_round] for c in SWAP_CONFIGS},
+        "swapped_out_mib": med(config, "pswpout") * 4 / 1024,
+        "swapped_in_mib": med(config, "pswpin") * 4 / 1024,
+        "pool_pages": med(config, "pool_pages"),
+        "guest_available_mib": med(config, "available_kib") / 1024,
+        # Pages the cluster held over those one node held: the copies of every page.
+        "copies": ratio(med(config, "pool_pages"), med("pool-node", "pool_pages")),
+        "nodes": 3 if config == "pool-cluster" else 1,
+        "poll_us": 50 if "--poll-us" in SWAP_POOLS[config] else 0,
+        "guest_mib": mem, "hog_mib": hog, "swap_mib": size, "store_ms": 5, "local_tier_mib": 16,
+    } for config in SWAP_POOLS]
+
+
 RUNNERS = {"puma-fio": puma_fio, "puma-postmark": puma_postmark, "puma-sqlite": puma_sqlite,
-           "tmem-clones": tmem_clones, "cached-rados": cached_rados}
+           "tmem-clones": tmem_clones, "cached-rados": cached_rados, "swap": swap}
 
 SIZES = {
     "quick": {"fio_guest_mib": 128, "fio_ws_mib": 384, "fio_ios": 1000,
               "pm_guest_mib": 128, "pm_disk_mib": 512, "pm_number": 1500, "pm_transactions": 6000,
               "sql_guest_mib": 128, "sql_rows": 250000, "sql_lookups": 12000,
               "tmem_clones": 3, "tmem_guest_mib": 128, "tmem_passes": 3,
-              "rados_guest_mib": 128, "rados_ws_mib": 256, "rados_ios": 4000},
+              "rados_guest_mib": 128, "rados_ws_mib": 256, "rados_ios": 4000,
+              "swap_guest_mib": 128, "swap_hog_mib": 96, "swap_disk_mib": 512},
     "full": {"fio_guest_mib": 256, "fio_ws_mib": 768, "fio_ios": 2000,
              "pm_guest_mib": 256, "pm_disk_mib": 1024, "pm_number": 3000, "pm_transactions": 20000,
              "sql_guest_mib": 256, "sql_rows": 500000, "sql_lookups": 25000,
              "tmem_clones": 4, "tmem_guest_mib": 128, "tmem_passes": 3,
-             "rados_guest_mib": 256, "rados_ws_mib": 512, "rados_ios": 8000},
+             "rados_guest_mib": 256, "rados_ws_mib": 512, "rados_ios": 8000,
+             "swap_guest_mib": 128, "swap_hog_mib": 128, "swap_disk_mib": 512},
 }
 
 
@@ -665,7 +816,9 @@ def stop_on_signal(signum, _frame):
 def main():
     signal.signal(signal.SIGTERM, stop_on_signal)
     signal.signal(signal.SIGINT, stop_on_signal)
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog="experiments:\n" + __doc__.split("\n\n")[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
                         help="every experiment at a small size, one round (~15 minutes)")
     parser.add_argument("--rounds", type=int, help="rounds of every configuration")

@@ -3,14 +3,16 @@
 # (bench/vm.py says what each one is). Builds the release binaries (fallow with the RADOS
 # store, and fallow-guest, which builds the guest images into ~/.cache/fallow-guest),
 # installs what the experiments drive, runs them, prints one JSON line per experiment, and
-# unless --no-write puts the table between the vm markers of BENCHMARKS.md and the plot in
-# docs/img/vm-speedups.png.
+# puts the table between the vm markers of BENCHMARKS.md and the plot in
+# docs/img/vm-speedups.png (with --no-write it prints the table instead).
 #
 # Usage: bash bench/vm.sh [--quick] [--rounds N] [--only LIST] [--no-write]
 #   --quick      every experiment at a small size, one round: ~15 minutes here
 #   --rounds N   rounds of every configuration (default 3, or 1 with --quick)
-#   --only LIST  comma-separated: puma-fio,puma-postmark,puma-sqlite,tmem-clones,cached-rados
-#   --no-write   leave BENCHMARKS.md and the plot alone
+#   --only LIST  comma-separated: puma-fio,puma-postmark,puma-sqlite,tmem-clones,cached-rados,
+#                swap (a 128 MiB guest whose memory hog goes through swap: a 5 ms disk,
+#                nbdkit memory, a pool: export on one node and on a three-node cluster)
+#   --no-write   leave BENCHMARKS.md and the plot alone: print the table on stdout
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/lib.sh
@@ -63,4 +65,6 @@ if ((write)); then
     else
         echo "no matplotlib: no plot (pip install matplotlib)" >&2
     fi
+else
+    python3 bench/vm_table.py "$results" "bash bench/vm.sh ${args[*]}"
 fi
