@@ -28,12 +28,13 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+from benchutil import free_port, git_commit, port_open, write_section
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIB = 1 << 20
@@ -45,17 +46,6 @@ APPARENT = 2.0
 
 def log(msg):
     print(f"[pool-export {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def port_open(port):
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 class Procs:
@@ -240,12 +230,6 @@ def run(args):
     return out_path
 
 
-def git_commit():
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                         capture_output=True, text=True)
-    return out.stdout.strip()
-
-
 def fmt(x, digits=2):
     return "–" if x is None else f"{x:,.{digits}f}"
 
@@ -309,17 +293,6 @@ def section(path):
     return "\n".join(out) + "\n"
 
 
-def write_section(text):
-    path = os.path.join(ROOT, "BENCHMARKS.md")
-    doc = open(path).read()
-    start, end = "<!-- pool-export:start -->\n", "<!-- pool-export:end -->"
-    if start not in doc or end not in doc:
-        raise SystemExit("BENCHMARKS.md has no pool-export markers")
-    head, rest = doc.split(start, 1)
-    _, tail = rest.split(end, 1)
-    open(path, "w").write(head + start + text + end + tail)
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -339,7 +312,7 @@ def main():
     text = section(run(args))
     print(text, end="")
     if not args.no_write and not args.quick:
-        write_section(text)
+        write_section("pool-export", text)
 
 
 if __name__ == "__main__":

@@ -26,12 +26,13 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+from benchutil import free_port, git_commit, port_open, write_section
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIB = 1 << 20
@@ -48,12 +49,6 @@ NBD_OVER_VHOST = 3.0
 
 def log(msg):
     print(f"[vhost {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(what, proc, ready, timeout=30):
@@ -117,10 +112,7 @@ class Servers:
         ])
         wait_for(f"fallow vhost ({name})", proc, lambda: os.path.exists(sock))
         if "--nbd" in extra:
-            def listening():
-                with socket.socket() as s:
-                    return s.connect_ex(("127.0.0.1", self.nbd_port)) == 0
-            wait_for("fallow's NBD", proc, listening)
+            wait_for("fallow's NBD", proc, lambda: port_open(self.nbd_port))
         return (proc, sock)
 
     def stop(self):
@@ -241,12 +233,6 @@ def cpu_model():
     return "?"
 
 
-def git_commit():
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                         capture_output=True, text=True)
-    return out.stdout.strip()
-
-
 def qsd_version():
     out = subprocess.run(["qemu-storage-daemon", "--version"], capture_output=True, text=True)
     return out.stdout.splitlines()[0] if out.stdout else "?"
@@ -320,17 +306,6 @@ def fmt(x, digits=2):
     return "–" if x is None else f"{x:,.{digits}f}"
 
 
-def write_section(text):
-    path = os.path.join(ROOT, "BENCHMARKS.md")
-    doc = open(path).read()
-    start, end = "<!-- vhost:start -->\n", "<!-- vhost:end -->"
-    if start not in doc or end not in doc:
-        raise SystemExit("BENCHMARKS.md has no vhost markers")
-    head, rest = doc.split(start, 1)
-    _, tail = rest.split(end, 1)
-    open(path, "w").write(head + start + text + end + tail)
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=5)
@@ -349,7 +324,7 @@ def main():
     text = section(path)
     print(text, end="")
     if not args.no_write and not args.quick:
-        write_section(text)
+        write_section("vhost", text)
 
 
 if __name__ == "__main__":
