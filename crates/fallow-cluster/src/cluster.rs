@@ -3,7 +3,7 @@
 //! capacity updates.
 //!
 //! ```text
-//!  chitchat task ── UDP (HMAC) ── peers        every gossip interval: SYN to ≤ 3 members
+//!  chitchat task ── UDP (sealed) ─ peers        every gossip interval: SYN to ≤ 3 members
 //!     ▲ Arc<tokio Mutex<Chitchat>>
 //!  watcher task (every gossip interval): capacity → own state; state → Vec<Member>
 //!     │                                   events → tracing + counters
@@ -32,7 +32,7 @@ use crate::member::{self, keys, Member, MemberEvent, Observed};
 use crate::transport::{AuthenticatedUdp, GossipKey, GossipTraffic, TrafficCounters};
 use crate::{ClusterConfig, ClusterError};
 
-/// chitchat's cluster name. Not a defence (it travels in clear): the HMAC is.
+/// chitchat's cluster name. Not a defence: the seal of every datagram is.
 const CLUSTER_ID: &str = "fallow";
 
 /// A running cluster member. Cheap to clone; every clone is the same member. The member

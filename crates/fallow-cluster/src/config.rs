@@ -41,7 +41,7 @@ pub struct ClusterConfig {
     /// Gossip addresses (`HOST:PORT`) of members to contact first. Unreachable seeds are
     /// retried; a member with no seeds waits to be contacted.
     pub seeds: Vec<String>,
-    /// The shared cluster secret: gossip datagrams carry an HMAC keyed from it.
+    /// The shared cluster secret: gossip datagrams are sealed with a key derived from it.
     pub secret: Vec<u8>,
     /// See [`DEFAULT_GOSSIP_INTERVAL`].
     pub gossip_interval: Duration,

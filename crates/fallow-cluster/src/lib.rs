@@ -22,9 +22,10 @@
 //! chitchat no longer exposes its message encoding, which a transport of our own needs.
 //!
 //! # Security
-//! Every gossip datagram carries an HMAC-SHA256 tag keyed from the cluster secret
-//! (`transport`): a host without the secret cannot join or inject state, and its datagrams
-//! are dropped and counted. Gossip is **not encrypted**.
+//! Every gossip datagram is sealed with XChaCha20-Poly1305 under a key derived from the
+//! cluster secret (`transport`): a host without the secret learns nothing from the
+//! datagrams and cannot join or inject state, and replays are refused; such datagrams are
+//! dropped and counted.
 //!
 //! # Components
 //! [`ClusterConfig`]: identity, addresses, seeds and timings, validated by its builder.
@@ -48,7 +49,7 @@ pub use config::{
     MIN_SECRET_LEN,
 };
 pub use member::{Member, MemberEvent, MemberState};
-pub use transport::{GossipTraffic, TAG_LEN};
+pub use transport::{GossipTraffic, MAX_AGE, NONCE_LEN, SEAL_OVERHEAD, TAG_LEN};
 
 /// Why a member could not start.
 #[derive(Debug, thiserror::Error)]

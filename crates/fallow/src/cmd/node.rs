@@ -26,7 +26,8 @@ const DEFAULT_LISTEN: &str = "127.0.0.1:7400";
 /// of pressure and grows back in the background (docs/governor.md).
 ///
 /// With `--join` (or `--gossip`) the node joins a cluster: it gossips over UDP with the
-/// other nodes (every datagram authenticated with the secret, not encrypted), publishes
+/// other nodes (every datagram encrypted and authenticated with a key from the secret,
+/// replays refused; clocks must agree within 60 s), publishes
 /// how much it lends and has free, and detects a failed node within about a second
 /// (docs/cluster.md). `fallow stat --cluster` lists the members.
 ///
