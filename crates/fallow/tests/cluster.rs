@@ -1,7 +1,8 @@
 //! Three real `fallow node` processes on 127.0.0.1 that join each other by gossip: one is
 //! SIGKILLed and `fallow stat --cluster --json` on another shows it dead within about a
 //! second, then alive again once it is restarted on the same addresses; the membership
-//! metrics follow. Every process is stopped by its PID (support::Daemon).
+//! metrics follow. A gossip datagram replayed or altered on its way is dropped. Every
+//! process is stopped by its PID (support::Daemon).
 
 mod support;
 
@@ -214,4 +215,64 @@ fn an_advertised_address_names_the_member() {
         .unwrap();
     let err = String::from_utf8_lossy(&alone.stderr);
     assert!(!alone.status.success() && err.contains("needs --join or --gossip"), "{err}");
+}
+
+/// The rejected-datagram counter on the metrics page at `addr`.
+fn rejected(addr: &str) -> u64 {
+    let text = scrape(addr);
+    let line = text.lines().find(|l| l.starts_with("fallow_node_gossip_rejected_datagrams_total "));
+    line.and_then(|l| l.rsplit(' ').next()?.parse().ok()).unwrap_or_else(|| panic!("{text}"))
+}
+
+/// Gossip between two nodes through a relay of the test's own, which keeps a copy of a
+/// datagram node B sent node A and later sends it to A again, as it was and with a byte
+/// changed: A drops both, and counts them.
+#[test]
+fn a_gossip_datagram_replayed_or_altered_is_dropped() {
+    let dir = TempDir::new("cluster-replay");
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "cluster-replay-test-secret-0123456789\n").unwrap();
+    let relay = UdpSocket::bind("127.0.0.1:0").unwrap();
+    relay.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let a = Addrs {
+        listen: format!("127.0.0.1:{}", free_port()),
+        gossip: format!("127.0.0.1:{}", free_udp_port()),
+    };
+    let b = Addrs {
+        listen: format!("127.0.0.1:{}", free_port()),
+        gossip: format!("127.0.0.1:{}", free_udp_port()),
+    };
+    let through = Addrs { listen: String::new(), gossip: relay.local_addr().unwrap().to_string() };
+    let metrics = format!("127.0.0.1:{}", free_port());
+    // A knows no one; B joins A through the relay, and A answers the relay.
+    let s = secret.to_str().unwrap();
+    let own = ["--listen", &a.listen, "--gossip", &a.gossip, "--metrics", &metrics];
+    let _node_a =
+        start_node(&[&own[..], &["--lend", "16M", "--secret-file", s]].concat(), START_TIMEOUT).0;
+    let _node_b = start(&b, &[&through], &secret, &[]);
+    let (a_gossip, b_gossip): (std::net::SocketAddr, std::net::SocketAddr) =
+        (a.gossip.parse().unwrap(), b.gossip.parse().unwrap());
+    let mut captured: Option<Vec<u8>> = None;
+    let mut buf = vec![0u8; 65_536];
+    // Relay B's datagrams to A and A's back to B, keeping B's first, until a second after
+    // it (A has taken it by then), or 10 s.
+    let mut until = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < until {
+        let Ok((len, from)) = relay.recv_from(&mut buf) else { continue };
+        let to = if from == b_gossip { a_gossip } else { b_gossip };
+        if from == b_gossip && captured.is_none() {
+            captured = Some(buf[..len].to_vec());
+            until = until.min(Instant::now() + Duration::from_secs(1));
+        }
+        relay.send_to(&buf[..len], to).unwrap();
+    }
+    let datagram = captured.expect("B sent nothing through the relay");
+    assert_eq!(rejected(&metrics), 0, "A refused honest gossip");
+    // The same datagram again, then one with a byte of its ciphertext changed.
+    relay.send_to(&datagram, a_gossip).unwrap();
+    scrape_until(&metrics, &["fallow_node_gossip_rejected_datagrams_total 1"]);
+    let mut altered = datagram.clone();
+    altered[30] ^= 0x40;
+    relay.send_to(&altered, a_gossip).unwrap();
+    scrape_until(&metrics, &["fallow_node_gossip_rejected_datagrams_total 2"]);
 }
