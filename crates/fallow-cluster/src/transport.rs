@@ -201,14 +201,19 @@ impl ReplayGuard {
                 oldest.map(|id| self.senders.remove(&id));
             }
         }
-        let (highest, seen, heard) = self.senders.entry(d.sender).or_insert((0, 0, now_ms));
+        let Some((highest, seen, heard)) = self.senders.get_mut(&d.sender) else {
+            self.senders.insert(d.sender, (d.counter, 0, now_ms));
+            return Ok(());
+        };
         if d.counter > *highest {
+            // Bit i of `seen` is counter `highest - 1 - i`: the window slides up by `shift`,
+            // and the old highest joins it as bit (shift - 1).
             let shift = d.counter - *highest;
-            // The old highest joins the window as bit (shift - 1).
-            *seen = if shift > WINDOW { 0 } else { (*seen << shift) | (1 << (shift - 1)) };
-            if *highest == 0 {
-                *seen = 0;
-            }
+            *seen = match shift {
+                // At most 64, so the shift amount fits; a shift by 64 empties the window.
+                1..=WINDOW => seen.checked_shl(shift as u32).unwrap_or(0) | 1 << (shift - 1),
+                _ => 0,
+            };
             *highest = d.counter;
         } else {
             let behind = *highest - d.counter;
@@ -497,6 +502,15 @@ mod tests {
             admit(&mut guard, &sealed(&key, &mut old, now, b"d"), now),
             Err(Refusal::Replayed)
         );
+        // A jump of exactly the window keeps the old highest as its last bit.
+        let mut edge = Sender { id: 12, counter: 0 };
+        let first_of_edge = sealed(&key, &mut edge, now, b"g");
+        assert_eq!(admit(&mut guard, &first_of_edge, now), Ok(()));
+        for _ in 1..WINDOW {
+            sealed(&key, &mut edge, now, b"h");
+        }
+        assert_eq!(admit(&mut guard, &sealed(&key, &mut edge, now, b"i"), now), Ok(()));
+        assert_eq!(admit(&mut guard, &first_of_edge, now), Err(Refusal::Replayed));
         // Out of time, either way: refused however new its counter.
         let age = MAX_AGE.as_millis() as u64;
         let mut fresh = Sender { id: 11, counter: 0 };

@@ -132,9 +132,8 @@ pub struct BusyPoll<S> {
 
 /// Windows that pass empty in a row before a connection stops spinning. The next request
 /// of a client that sends them further apart than the window always comes through the
-/// reactor, so spinning for it costs a window of CPU and gains nothing: measured with one
-/// request every 150 µs and a 100 µs window, the node used 2.3 CPU-seconds in 3 s
-/// spinning every time and 0.8 after giving up (as without polling), the same latency.
+/// reactor, so spinning for it costs a window of CPU and gains nothing; one empty window
+/// may be chance, two in a row are the client's pace.
 const GIVE_UP_AFTER: u32 = 2;
 
 /// While given up, one read in this many that would park spins anyway, to notice a client
@@ -145,11 +144,6 @@ impl<S> BusyPoll<S> {
     /// Wraps `inner`, polling for `window` (cut to [`MAX_WINDOW`]; zero: no polling).
     pub fn new(inner: S, window: Duration) -> BusyPoll<S> {
         BusyPoll { inner, window: window.min(MAX_WINDOW), empty: 0, unspun: 0, spins: 0 }
-    }
-
-    /// The stream inside.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
     }
 
     /// Whether spinning is given up (too many empty windows in a row).
@@ -189,9 +183,8 @@ impl<S: AsFd> BusyPoll<S> {
             }
             // Between two looks, let whatever else is runnable on this CPU have it: above
             // all a client on the same host, which the kernel tends to wake on the CPU of
-            // the thread whose reply woke it (this one), where a bare spin makes it wait
-            // out the window. Measured at QD 1 on 2 CPUs (client unpinned, 100 µs): p99
-            // 65–101 µs with a bare spin, 75–80 µs with the yield, the same p50.
+            // the thread whose reply woke it (this one), where a bare spin would make it
+            // wait out the window before it can send the request this loop waits for.
             std::thread::yield_now();
         };
         self.empty = 0;

@@ -73,15 +73,10 @@ impl Listener {
         }
     }
 
-    /// Accepts one connection. TCP connections get `TCP_NODELAY`: fallow's requests and
-    /// replies are latency-bound, never worth delaying to fill a packet.
-    pub async fn accept(&self) -> io::Result<Accepted> {
-        self.accept_with(ReadPolling::OFF).await
-    }
-
-    /// [`Listener::accept`], the connection's reads polling as `polling` says (in a
-    /// [`BusyPoll`] when it is on).
-    pub async fn accept_with(&self, polling: ReadPolling) -> io::Result<Accepted> {
+    /// Accepts one connection, its reads polling as `polling` says (in a [`BusyPoll`] when
+    /// it is on). TCP connections get `TCP_NODELAY`: fallow's requests and replies are
+    /// latency-bound, never worth delaying to fill a packet.
+    pub async fn accept(&self, polling: ReadPolling) -> io::Result<Accepted> {
         match self {
             Listener::Tcp(l) => {
                 let (stream, peer) = l.accept().await?;
@@ -121,7 +116,7 @@ pub fn spawn_accept_loop<F, Fut>(
         loop {
             let accepted = tokio::select! {
                 _ = shutdown.cancelled() => return,
-                accepted = listener.accept_with(polling) => accepted,
+                accepted = listener.accept(polling) => accepted,
             };
             match accepted {
                 Ok((stream, peer)) => {

@@ -17,7 +17,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use fallow_testkit::guest::{ext4_image, Disk, Guest, GuestSpec, MinimalImage};
-use support::guests::{guest_image, run_guest};
+use support::guests::{guest_image, run_guest, synced};
 use support::{free_port, nbd_serving_uri, start_node, Daemon, KillOnDrop, TempDir};
 
 const START: Duration = Duration::from_secs(30);
@@ -158,15 +158,6 @@ fn a_guest_writes_syncs_and_verifies_through_a_write_through_export() {
 #[test]
 fn a_guest_writes_syncs_and_verifies_through_a_write_back_export() {
     writes_syncs_and_verifies("back");
-}
-
-/// The largest `N` of the `FALLOW-SYNCED N` lines in `console`.
-fn synced(console: &[String]) -> u64 {
-    console
-        .iter()
-        .filter_map(|l| l.split_once("FALLOW-SYNCED ")?.1.trim().parse().ok())
-        .max()
-        .unwrap_or(0)
 }
 
 #[test]

@@ -16,6 +16,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use fallow_testkit::guest::{Disk, Guest, GuestOutput, GuestSpec, MinimalImage};
+use support::guests::synced;
 use support::{Daemon, TempDir};
 
 /// [`support::guests::run_guest`], which must also exit 0.
@@ -100,15 +101,6 @@ fn check_on_host(image: &MinimalImage, args: &[&str], file: &Path) {
         "the store's file does not hold what the guest wrote ({args:?}):\n{}",
         String::from_utf8_lossy(&out.stdout)
     );
-}
-
-/// The largest `N` of the `FALLOW-SYNCED N` lines in `console`.
-fn synced(console: &[String]) -> u64 {
-    console
-        .iter()
-        .filter_map(|l| l.split_once("FALLOW-SYNCED ")?.1.trim().parse().ok())
-        .max()
-        .unwrap_or(0)
 }
 
 /// What the guest reports of its disk, then the pattern written and read back, a discard

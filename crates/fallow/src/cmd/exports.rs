@@ -105,11 +105,14 @@ pub async fn open_exports(
         CacheMode::Exclusive => Mode::Exclusive,
         CacheMode::Inclusive => Mode::Inclusive,
     };
+    // The most dirty data per export: in the cache with write-back, and on its way to a
+    // pool export's backup file.
+    let max_dirty =
+        parse_size(&args.max_dirty).with_context(|| format!("--max-dirty {}", args.max_dirty))?;
     let write = match args.write_policy {
         WriteMode::Through => WritePolicy::Through,
         WriteMode::Back => WritePolicy::Back {
-            max_dirty_bytes: parse_size(&args.max_dirty)
-                .with_context(|| format!("--max-dirty {}", args.max_dirty))?,
+            max_dirty_bytes: max_dirty,
             max_age: std::time::Duration::from_millis(args.max_dirty_age.max(1)),
         },
     };
@@ -128,21 +131,20 @@ pub async fn open_exports(
     let pool = open_pool(args).await?;
     let mut backings = Vec::new();
     for (name, spec) in specs {
-        let backing = match spec.strip_prefix("pool:") {
-            Some(size) => {
-                let limit = parse_size(&args.max_dirty)
-                    .with_context(|| format!("--max-dirty {}", args.max_dirty))?;
-                let backing = open_pool_backing(pool.as_ref(), size, args.compress, limit).await;
-                backing.with_context(|| format!("--export {name}={spec}"))?
+        let (backing, in_pool) = match spec.strip_prefix("pool:") {
+            Some(rest) => {
+                let backing =
+                    open_pool_backing(pool.as_ref(), rest, args.compress, max_dirty).await;
+                (backing.with_context(|| format!("--export {name}={spec}"))?, true)
             }
-            None => open_backing(&spec).await?,
+            None => (open_backing(&spec).await?, false),
         };
-        backings.push((name, spec, backing));
+        backings.push((name, spec, backing, in_pool));
     }
     let mut exports = Vec::new();
-    for (object, (name, spec, backing)) in backings.into_iter().enumerate() {
+    for (object, (name, spec, backing, in_pool)) in backings.into_iter().enumerate() {
         // A pool: export's store is the pool already: no second copy in it.
-        let tier = pool.as_ref().filter(|_| !spec.starts_with("pool:")).map(|opened| PoolTier {
+        let tier = pool.as_ref().filter(|_| !in_pool).map(|opened| PoolTier {
             store: opened.store.clone(),
             pool: opened.pool,
             object: object as u64,

@@ -1,5 +1,5 @@
-//! Guests for the tests that boot one: the minimal image (or a reason to skip), and a boot
-//! that fails loudly.
+//! Guests for the tests that boot one: the minimal image (or a reason to skip), a boot
+//! that fails loudly, and what a guest's console says it synced.
 
 use fallow_testkit::guest::{Guest, GuestOutput, GuestSpec, MinimalImage};
 
@@ -40,4 +40,14 @@ pub fn run_guest(image: &MinimalImage, spec: &GuestSpec) -> GuestOutput {
         out.console_text()
     );
     out
+}
+
+/// The largest `N` of the `FALLOW-SYNCED N` lines in a guest's `console`: how far its
+/// script got in writing and syncing before it was stopped.
+pub fn synced(console: &[String]) -> u64 {
+    console
+        .iter()
+        .filter_map(|l| l.split_once("FALLOW-SYNCED ")?.1.trim().parse().ok())
+        .max()
+        .unwrap_or(0)
 }
