@@ -41,7 +41,7 @@ use bytes::Bytes;
 
 pub use file::FileStore;
 pub use mem::MemStore;
-pub use nbd::{NbdStore, NbdUri};
+pub use nbd::{NbdStore, NbdUri, UpstreamTls};
 pub use pool::PoolStore;
 #[cfg(feature = "rados")]
 pub use rados::{RadosConfig, RadosError, RadosStore};

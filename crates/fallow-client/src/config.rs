@@ -68,6 +68,10 @@ pub struct ClientConfig {
     pub slow_timeout: Duration,
     /// What to do when a reconnection finds a restarted node (another node id).
     pub on_restart: NodeRestart,
+    /// TLS 1.3 to TCP endpoints (nodes started with `--node-tls`): the node's certificate
+    /// must chain to the client's CA and name the host connected to. Unix sockets stay
+    /// in the clear.
+    pub tls: Option<fallow_tls::TlsClient>,
 }
 
 /// What a [`crate::Client`] does when a new connection reaches a node whose id differs
@@ -96,6 +100,7 @@ impl fmt::Debug for ClientConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("slow_timeout", &self.slow_timeout)
             .field("on_restart", &self.on_restart)
+            .field("tls", &self.tls.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -115,7 +120,14 @@ impl ClientConfig {
             connect_timeout: Duration::from_secs(5),
             slow_timeout: Duration::from_secs(60),
             on_restart: NodeRestart::Reconnect,
+            tls: None,
         })
+    }
+
+    /// Connects to TCP endpoints over TLS (see [`ClientConfig::tls`]).
+    pub fn tls(mut self, tls: Option<fallow_tls::TlsClient>) -> Self {
+        self.tls = tls;
+        self
     }
 
     /// Sets the number of connections (at least 1).

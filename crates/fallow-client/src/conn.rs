@@ -57,7 +57,7 @@ impl Conn {
             )));
         }
         let opened = tokio::time::timeout(config.connect_timeout, async {
-            let (mut reader, mut writer) = connect(&config.endpoint).await?;
+            let (mut reader, mut writer) = connect(&config.endpoint, config.tls.as_ref()).await?;
             let mut input = BytesMut::with_capacity(4096);
             let hello = handshake(config, &mut reader, &mut writer, &mut input).await?;
             Ok::<_, ClientError>((reader, writer, input, hello))
@@ -161,13 +161,25 @@ impl Drop for CloseOnDrop<'_> {
     }
 }
 
-async fn connect(endpoint: &Endpoint) -> Result<(Reader, Writer), ClientError> {
+async fn connect(
+    endpoint: &Endpoint,
+    tls: Option<&fallow_tls::TlsClient>,
+) -> Result<(Reader, Writer), ClientError> {
     let failed = |source| ClientError::Connect { endpoint: endpoint.to_string(), source };
     match endpoint {
         Endpoint::Tcp(addr) => {
             let stream = tokio::net::TcpStream::connect(addr.as_str()).await.map_err(failed)?;
             stream.set_nodelay(true).map_err(failed)?;
-            let (r, w) = stream.into_split();
+            let Some(tls) = tls else {
+                let (r, w) = stream.into_split();
+                return Ok((Box::new(r), Box::new(w)));
+            };
+            let host = addr.rsplit_once(':').map_or(addr.as_str(), |(host, _)| host);
+            let secured = tls.connect(host, stream).await.map_err(|err| ClientError::Tls {
+                endpoint: endpoint.to_string(),
+                why: err.to_string(),
+            })?;
+            let (r, w) = tokio::io::split(secured);
             Ok((Box::new(r), Box::new(w)))
         }
         Endpoint::Unix(path) => {
@@ -236,6 +248,9 @@ async fn exchange(
     writer.write_all(&out).await?;
     loop {
         if let Some(frame) = decode(input).map_err(|e| ClientError::Protocol(e.to_string()))? {
+            if frame.id == 0 && frame.status == Status::TlsRequired as u8 {
+                return Err(ClientError::TlsRequired);
+            }
             if frame.id != id {
                 return Err(ClientError::Protocol(format!(
                     "reply to request {} during the handshake",

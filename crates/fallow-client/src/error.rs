@@ -20,6 +20,20 @@ pub enum ClientError {
         /// Why.
         source: std::io::Error,
     },
+    /// The TLS handshake with the node failed: a certificate the client does not trust
+    /// (or that names another host), or a node without `--node-tls`, which closes.
+    #[error("TLS with {endpoint} failed: {why} (does the node run with --node-tls, and does its certificate chain to this client's ca-cert.pem and name the host?)")]
+    Tls {
+        /// The node.
+        endpoint: String,
+        /// Why.
+        why: String,
+    },
+    /// The node speaks only TLS on this address and the client connected in the clear.
+    #[error(
+        "the node requires TLS: connect with --node-tls DIR (the CA of the cluster's certificates)"
+    )]
+    TlsRequired,
     /// The connection failed while in use.
     #[error("connection to the node failed: {0}")]
     Io(#[from] std::io::Error),

@@ -6,6 +6,7 @@
 //!  S: NBDMAGIC IHAVEOPT flags(FIXED_NEWSTYLE|NO_ZEROES)
 //!  C: client flags ─ an unknown bit ─▶ close
 //!     ├─ C_FIXED_NEWSTYLE set:   option ─▶ S: reply … (repeat)
+//!     │                          STARTTLS ─▶ ACK, TLS handshake, options go on over TLS
 //!     │                          GO / EXPORT_NAME ─▶ transmission   ABORT ─▶ ACK, close
 //!     └─ not set (plain newstyle): EXPORT_NAME ─▶ transmission; any other option ─▶ close
 //! ```
@@ -19,13 +20,26 @@
 //! option must be EXPORT_NAME naming an export, or the server hangs up without a reply.
 //! Unknown client flags (or `NBD_FLAG_C_NO_ZEROES`, had we not offered it) end the
 //! connection at once, as the spec says the server MUST.
+//!
+//! # TLS
+//!
+//! The spec's three server modes ("TLS support") are [`TlsPolicy`]'s: `Off` is NOTLS
+//! (STARTTLS gets `NBD_REP_ERR_POLICY`); `Offered` lets the client upgrade whenever it
+//! chooses and serves every export either way; `Required` is FORCEDTLS: before the
+//! upgrade every option but STARTTLS and ABORT gets `NBD_REP_ERR_TLS_REQD`, and
+//! EXPORT_NAME, which has no error reply, and a client without fixed newstyle, which
+//! cannot upgrade, are hung up on. After the upgrade, what was negotiated in the clear
+//! (structured replies, the metadata context) is forgotten: a man in the middle could
+//! have added or dropped it, so only what the client asks for over TLS counts.
 
 use std::sync::Arc;
 
 use bytes::BytesMut;
+use fallow_net::Stream;
 use fallow_proto::nbd::handshake::{decode_client_flags, encode_greeting};
 use fallow_proto::nbd::*;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use fallow_tls::TlsServer;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::export::Export;
 
@@ -43,6 +57,40 @@ pub struct Session {
     pub base_allocation: bool,
 }
 
+/// Whether and how the server offers TLS (`fallow nbd --tls`).
+#[derive(Debug, Clone, Default)]
+pub enum TlsPolicy {
+    /// No TLS (the spec's NOTLS mode).
+    #[default]
+    Off,
+    /// TLS at the client's choice; every export is served with or without it.
+    Offered(TlsServer),
+    /// TLS before anything else (the spec's FORCEDTLS mode).
+    Required(TlsServer),
+}
+
+impl TlsPolicy {
+    fn server(&self) -> Option<&TlsServer> {
+        match self {
+            TlsPolicy::Off => None,
+            TlsPolicy::Offered(server) | TlsPolicy::Required(server) => Some(server),
+        }
+    }
+}
+
+/// The outcome of a negotiation that did not fail.
+pub struct Negotiated {
+    /// The export chosen, or `None`: the client aborted cleanly.
+    pub session: Option<Session>,
+    /// The connection, inside TLS if the client upgraded.
+    pub stream: Box<dyn Stream>,
+    /// Bytes read past the end of negotiation (the first requests, if the client
+    /// pipelined them).
+    pub input: BytesMut,
+    /// The client upgraded to TLS.
+    pub tls: bool,
+}
+
 /// Why negotiation ended without a session.
 #[derive(Debug, thiserror::Error)]
 pub enum HandshakeError {
@@ -57,31 +105,54 @@ pub enum HandshakeError {
     /// name, or an option other than EXPORT_NAME from a client without fixed newstyle).
     #[error("{0}")]
     Ended(String),
+    /// TLS is required and the client went on without it where the protocol has no
+    /// error reply (EXPORT_NAME, or a client without fixed newstyle).
+    #[error("{0}")]
+    TlsRequired(String),
+    /// The TLS handshake after STARTTLS failed (a certificate or key the server does not
+    /// accept, or a client that does not trust the server's).
+    #[error("{0}")]
+    Tls(std::io::Error),
 }
 
-struct Negotiation<'a, S> {
-    stream: &'a mut S,
+impl HandshakeError {
+    /// A short name of the kind of failure, for the metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            HandshakeError::Io(_) => "io",
+            HandshakeError::Protocol(_) => "protocol",
+            HandshakeError::Ended(_) => "ended",
+            HandshakeError::TlsRequired(_) => "tls_required",
+            HandshakeError::Tls(_) => "tls_handshake",
+        }
+    }
+}
+
+struct Negotiation<'a> {
+    stream: Box<dyn Stream>,
     input: BytesMut,
     out: BytesMut,
     exports: &'a [Arc<Export>],
+    tls_policy: &'a TlsPolicy,
+    tls: bool,
     client_flags: u32,
     structured: bool,
     base_allocation: bool,
 }
 
-/// Runs the handshake on a fresh connection. `Ok(None)`: the client aborted cleanly.
-pub async fn negotiate<S>(
-    stream: &mut S,
+/// Runs the handshake on a fresh connection.
+pub async fn negotiate(
+    stream: Box<dyn Stream>,
     exports: &[Arc<Export>],
-) -> Result<(Option<Session>, BytesMut), HandshakeError>
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
+    tls_policy: &TlsPolicy,
+) -> Result<Negotiated, HandshakeError> {
     let mut n = Negotiation {
         stream,
         input: BytesMut::with_capacity(4096),
         out: BytesMut::with_capacity(4096),
         exports,
+        tls_policy,
+        tls: false,
         client_flags: 0,
         structured: false,
         base_allocation: false,
@@ -96,6 +167,11 @@ where
         n.fill().await?;
     };
     if n.client_flags & NBD_FLAG_C_FIXED_NEWSTYLE == 0 {
+        if matches!(tls_policy, TlsPolicy::Required(_)) {
+            return Err(HandshakeError::TlsRequired(
+                "TLS is required, and a client without fixed newstyle cannot start it".into(),
+            ));
+        }
         return n.plain_newstyle().await;
     }
     loop {
@@ -113,11 +189,21 @@ where
             }
         };
         let code = request.option;
+        if n.tls_required_first(&opt) {
+            if let Opt::ExportName(_) = opt {
+                return Err(HandshakeError::TlsRequired(
+                    "NBD_OPT_EXPORT_NAME before STARTTLS, and TLS is required".into(),
+                ));
+            }
+            n.reply(code, rep_error(RepError::TlsReqd, "this server requires TLS: STARTTLS first"));
+            n.flush().await?;
+            continue;
+        }
         let done = match opt {
             Opt::Abort => {
                 n.reply(code, OptionReply::Ack);
                 let _ = n.flush().await;
-                return Ok((None, n.input));
+                return Ok(n.finish(None));
             }
             Opt::List => {
                 for export in n.exports {
@@ -143,7 +229,7 @@ where
             Opt::Info(opt) | Opt::Go(opt) => n.info(code, &opt),
             Opt::ExportName(name) => Some(n.export_name(&name)?),
             Opt::StartTls => {
-                n.reply(code, rep_error(RepError::Policy, "TLS is not offered"));
+                n.start_tls(code).await?;
                 None
             }
             Opt::Unknown { option, .. } => {
@@ -156,15 +242,58 @@ where
         if let Some(export) = done {
             let session =
                 Session { export, structured: n.structured, base_allocation: n.base_allocation };
-            return Ok((Some(session), n.input));
+            return Ok(n.finish(Some(session)));
         }
     }
 }
 
-impl<S: AsyncRead + AsyncWrite + Unpin> Negotiation<'_, S> {
+impl Negotiation<'_> {
+    fn finish(self, session: Option<Session>) -> Negotiated {
+        Negotiated { session, stream: self.stream, input: self.input, tls: self.tls }
+    }
+
+    /// True if TLS is required, not yet on, and `opt` is not one of the two options
+    /// FORCEDTLS lets through.
+    fn tls_required_first(&self, opt: &Opt) -> bool {
+        matches!(self.tls_policy, TlsPolicy::Required(_))
+            && !self.tls
+            && !matches!(opt, Opt::StartTls | Opt::Abort)
+    }
+
+    /// STARTTLS: refused when TLS is off or already on; otherwise ACK, then the TLS
+    /// handshake, after which options go on over TLS with nothing negotiated before it.
+    async fn start_tls(&mut self, code: u32) -> Result<(), HandshakeError> {
+        let server = match (self.tls, self.tls_policy.server()) {
+            (true, _) => {
+                self.reply(code, rep_error(RepError::Invalid, "TLS is already on"));
+                return Ok(());
+            }
+            (false, None) => {
+                self.reply(code, rep_error(RepError::Policy, "TLS is not offered"));
+                return Ok(());
+            }
+            (false, Some(server)) => server.clone(),
+        };
+        self.reply(code, OptionReply::Ack);
+        self.flush().await?;
+        // The client may send nothing between STARTTLS and its TLS hello but waits for the
+        // ACK; bytes already here were sent in the clear after it and cannot be trusted.
+        if !self.input.is_empty() {
+            return Err(HandshakeError::Ended(
+                "the client sent data after NBD_OPT_STARTTLS before the TLS handshake".into(),
+            ));
+        }
+        let plain = std::mem::replace(&mut self.stream, Box::new(tokio::io::empty()));
+        self.stream = Box::new(server.accept(plain).await.map_err(HandshakeError::Tls)?);
+        self.tls = true;
+        self.structured = false;
+        self.base_allocation = false;
+        Ok(())
+    }
+
     /// Plain (not fixed) newstyle: one option, which must be EXPORT_NAME. Nothing but the
     /// EXPORT_NAME reply may be sent to such a client, so every refusal is a hang-up.
-    async fn plain_newstyle(mut self) -> Result<(Option<Session>, BytesMut), HandshakeError> {
+    async fn plain_newstyle(mut self) -> Result<Negotiated, HandshakeError> {
         tracing::info!(
             client_flags = self.client_flags,
             "client did not set NBD_FLAG_C_FIXED_NEWSTYLE: serving NBD_OPT_EXPORT_NAME only"
@@ -184,7 +313,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Negotiation<'_, S> {
         let export = self.export_name(&name)?;
         self.flush().await?;
         let session = Session { export, structured: false, base_allocation: false };
-        Ok((Some(session), self.input))
+        Ok(self.finish(Some(session)))
     }
 
     /// The next whole option request.
@@ -327,11 +456,12 @@ mod tests {
     /// Runs the server's side of the handshake against `input`; returns its outcome and
     /// every byte the server sent, up to the point where it returned (and dropped its end).
     async fn negotiate_with(input: &[u8]) -> (Result<Option<Session>, HandshakeError>, Vec<u8>) {
-        let (mut peer, mut server) = tokio::io::duplex(1 << 16);
+        let (mut peer, server) = tokio::io::duplex(1 << 16);
         peer.write_all(input).await.unwrap();
         let exports = exports();
-        let result = negotiate(&mut server, &exports).await.map(|(session, _)| session);
-        drop(server);
+        let result = negotiate(Box::new(server), &exports, &TlsPolicy::Off)
+            .await
+            .map(|negotiated| negotiated.session);
         let mut sent = Vec::new();
         peer.read_to_end(&mut sent).await.unwrap();
         (result, sent)

@@ -28,5 +28,6 @@ pub mod transmission;
 pub mod validate;
 
 pub use export::Export;
+pub use handshake::TlsPolicy;
 pub use metrics::NbdMetrics;
-pub use server::NbdServer;
+pub use server::{NbdServer, ServerOptions};

@@ -39,6 +39,11 @@ struct ExportTier {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ExportLabel {
     export: String,
 }
@@ -105,6 +110,7 @@ pub struct NbdMetrics {
     pub connections: Gauge,
     /// Connections accepted.
     pub connections_total: Counter,
+    negotiation_failures: Family<ReasonLabel, Counter>,
     pages: Family<ExportTier, Counter>,
     backing_reads: Family<ExportLabel, Counter>,
     backing_read_seconds: Family<ExportLabel, Counter<f64, AtomicU64>>,
@@ -158,6 +164,14 @@ impl NbdMetrics {
             "connections_accepted",
             "NBD connections accepted",
             connections_total.clone(),
+        );
+        let negotiation_failures = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "negotiation_failures",
+            "Negotiations that ended without a session, by reason (tls_required: a client \
+             without TLS where TLS is required; tls_handshake: the TLS handshake failed; \
+             protocol, io, ended)",
+            negotiation_failures.clone(),
         );
         let pages = Family::<ExportTier, Counter>::default();
         registry.register(
@@ -240,6 +254,7 @@ impl NbdMetrics {
             bytes,
             connections,
             connections_total,
+            negotiation_failures,
             pages,
             backing_reads,
             backing_read_seconds,
@@ -264,6 +279,11 @@ impl NbdMetrics {
     /// nodes have their own metrics and `fallow stat --node`.
     pub fn watch_pool_memory(&self, source: impl Fn() -> PoolMemory + Send + Sync + 'static) {
         let _ = self.pool_watch.0.set(Box::new(source));
+    }
+
+    /// Counts a negotiation that ended without a session.
+    pub fn negotiation_failed(&self, err: &crate::handshake::HandshakeError) {
+        self.negotiation_failures.get_or_create(&ReasonLabel { reason: err.reason() }).inc();
     }
 
     /// Counts one answered request.

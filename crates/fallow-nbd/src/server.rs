@@ -6,14 +6,28 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fallow_core::ListenAddr;
-use fallow_net::{spawn_accept_loop, Listener, ReadPolling};
-use tokio::io::{AsyncRead, AsyncWrite};
+use fallow_net::{spawn_accept_loop, Listener, ReadPolling, Stream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::export::Export;
+use crate::handshake::{Negotiated, TlsPolicy};
 use crate::metrics::NbdMetrics;
 use crate::{handshake, transmission};
+
+/// How long a client has for the whole negotiation, TLS handshake included.
+const NEGOTIATION_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How the server listens and serves: polling, TLS and metrics.
+#[derive(Debug, Clone, Default)]
+pub struct ServerOptions {
+    /// Prometheus metrics at `http://ADDR/metrics`.
+    pub metrics: Option<std::net::SocketAddr>,
+    /// How connections poll their socket before they park (`--poll-us`).
+    pub polling: ReadPolling,
+    /// Whether TLS is off, offered or required (`--tls`).
+    pub tls: TlsPolicy,
+}
 
 /// A running NBD server.
 #[derive(Debug)]
@@ -34,17 +48,17 @@ impl NbdServer {
         exports: Vec<Arc<Export>>,
         metrics: Option<std::net::SocketAddr>,
     ) -> io::Result<NbdServer> {
-        NbdServer::start_polling(listen, exports, metrics, ReadPolling::OFF).await
+        NbdServer::start_with(listen, exports, ServerOptions { metrics, ..Default::default() })
+            .await
     }
 
-    /// [`NbdServer::start`], with connections that poll their socket as `polling` says
-    /// before they park (`--poll-us`; `fallow_net::busy_poll`).
-    pub async fn start_polling(
+    /// [`NbdServer::start`], with the polling, TLS and metrics `options` say.
+    pub async fn start_with(
         listen: &[ListenAddr],
         exports: Vec<Arc<Export>>,
-        metrics: Option<std::net::SocketAddr>,
-        polling: ReadPolling,
+        options: ServerOptions,
     ) -> io::Result<NbdServer> {
+        let ServerOptions { metrics, polling, tls } = options;
         if exports.is_empty() {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "no export to serve"));
         }
@@ -63,13 +77,15 @@ impl NbdServer {
             }
             bound.push(local);
             let (exports, stop, counters) = (exports.clone(), shutdown.clone(), counters.clone());
+            let tls = tls.clone();
             spawn_accept_loop(
                 listener,
                 polling,
                 shutdown.clone(),
                 tasks.clone(),
                 move |stream, peer| {
-                    Some(connection(stream, peer, exports.clone(), stop.clone(), counters.clone()))
+                    let (exports, tls, stop) = (exports.clone(), tls.clone(), stop.clone());
+                    Some(connection(stream, peer, exports, tls, stop, counters.clone()))
                 },
             );
         }
@@ -120,25 +136,36 @@ impl NbdServer {
     }
 }
 
-async fn connection<S>(
-    mut stream: S,
+async fn connection(
+    stream: Box<dyn Stream>,
     peer: String,
     exports: Arc<[Arc<Export>]>,
+    tls: TlsPolicy,
     shutdown: CancellationToken,
     metrics: Arc<NbdMetrics>,
-) where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let negotiated =
-        tokio::time::timeout(Duration::from_secs(30), handshake::negotiate(&mut stream, &exports))
-            .await;
-    let (session, input) = match negotiated {
-        Ok(Ok((Some(session), input))) => (session, input),
-        Ok(Ok((None, _))) => return tracing::debug!(%peer, "client aborted negotiation"),
-        Ok(Err(err)) => return tracing::info!(%peer, %err, "negotiation failed"),
+) {
+    let negotiation = handshake::negotiate(stream, &exports, &tls);
+    let negotiated = tokio::time::timeout(NEGOTIATION_TIMEOUT, negotiation).await;
+    let (session, stream, input, tls) = match negotiated {
+        Ok(Ok(Negotiated { session: Some(session), stream, input, tls })) => {
+            (session, stream, input, tls)
+        }
+        Ok(Ok(Negotiated { session: None, .. })) => {
+            return tracing::debug!(%peer, "client aborted negotiation")
+        }
+        Ok(Err(err)) => {
+            metrics.negotiation_failed(&err);
+            return tracing::info!(%peer, %err, "negotiation failed");
+        }
         Err(_) => return tracing::info!(%peer, "negotiation timed out"),
     };
-    tracing::info!(%peer, export = %session.export.name, structured = session.structured, "NBD client connected");
+    tracing::info!(
+        %peer,
+        export = %session.export.name,
+        structured = session.structured,
+        tls,
+        "NBD client connected"
+    );
     metrics.connections.inc();
     metrics.connections_total.inc();
     let served =

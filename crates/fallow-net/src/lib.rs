@@ -35,7 +35,10 @@ pub trait Stream: AsyncRead + AsyncWrite + Send + Unpin {}
 
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> Stream for T {}
 
-/// One accepted connection and a name for its peer (`IP:PORT`, or `unix`).
+/// The peer name of every connection accepted on a Unix socket.
+pub const UNIX_PEER: &str = "unix";
+
+/// One accepted connection and a name for its peer (`IP:PORT`, or [`UNIX_PEER`]).
 pub type Accepted = (Box<dyn Stream>, String);
 
 /// A bound listening socket.
@@ -85,7 +88,7 @@ impl Listener {
             }
             Listener::Unix(l, _) => {
                 let (stream, _) = l.accept().await?;
-                Ok((polling.unix(stream), "unix".to_string()))
+                Ok((polling.unix(stream), UNIX_PEER.to_string()))
             }
         }
     }

@@ -46,6 +46,18 @@ pub struct NodeConfig {
     /// Whether a connection polls its socket for a while before its task parks
     /// (`--poll-us`): lower latency for a core per busy connection.
     pub read_polling: ReadPolling,
+    /// The node protocol over TLS 1.3 on TCP (`--node-tls`): the server half for its
+    /// listeners, the client half for its connections to other nodes. `None`: plaintext.
+    pub tls: Option<NodeTls>,
+}
+
+/// Both halves of the node protocol's TLS.
+#[derive(Debug, Clone)]
+pub struct NodeTls {
+    /// What the node's TCP listeners present.
+    pub server: fallow_tls::TlsServer,
+    /// What the node's own connections to other nodes (peer forwarding) trust.
+    pub client: fallow_tls::TlsClient,
 }
 
 /// How a node joins a cluster. The timings are `fallow_cluster`'s defaults.
@@ -80,6 +92,7 @@ impl NodeConfig {
             forward_timeout: Duration::from_millis(250),
             summary: SummarySettings::default(),
             read_polling: ReadPolling::OFF,
+            tls: None,
         }
     }
 }
@@ -97,6 +110,8 @@ pub struct ConfigFile {
     pub reserve: Option<String>,
     /// Path of the file holding the shared secret.
     pub secret_file: Option<PathBuf>,
+    /// Directory of the node protocol's TLS credentials, as for `--node-tls`.
+    pub node_tls: Option<PathBuf>,
     /// Address of the Prometheus endpoint.
     pub metrics: Option<String>,
     /// Eviction policy of ephemeral pages.

@@ -20,8 +20,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::BytesMut;
+use fallow_net::{Stream, UNIX_PEER};
 use fallow_proto::fallow::frame::{decode_limited, Frame};
 use fallow_proto::fallow::{encode_error, Op, Request, Status, MAX_FRAME_LEN};
+use fallow_tls::Prefixed;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -92,11 +94,23 @@ struct Connection {
     slow_done: mpsc::UnboundedSender<Finished>,
 }
 
-/// Serves one accepted connection until it closes.
-pub(crate) async fn serve<S>(node: Arc<Node>, stream: S, peer: String, shutdown: CancellationToken)
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
+/// Serves one accepted connection until it closes: inside TLS first when the node has
+/// `--node-tls` and the connection is TCP (a Unix socket never leaves the host).
+pub(crate) async fn serve(
+    node: Arc<Node>,
+    stream: Box<dyn Stream>,
+    peer: String,
+    shutdown: CancellationToken,
+) {
+    let stream = match (&node.config().tls, peer.as_str()) {
+        (Some(tls), peer) if peer != UNIX_PEER => {
+            match secure(&node, &tls.server, stream, peer).await {
+                Some(stream) => stream,
+                None => return,
+            }
+        }
+        _ => stream,
+    };
     let metrics = node.metrics();
     metrics.connections.inc();
     metrics.connections_total.inc();
@@ -128,6 +142,47 @@ where
         node.clients().disconnect(client_id);
     }
     node.metrics().connections.dec();
+}
+
+/// The TLS handshake on a TCP connection to a node with `--node-tls`. A peer that begins in
+/// the clear gets one `TLS_REQUIRED` frame it can read, instead of a handshake it would
+/// wait on; then the connection closes. Either failure is logged and counted.
+async fn secure(
+    node: &Node,
+    tls: &fallow_tls::TlsServer,
+    mut stream: Box<dyn Stream>,
+    peer: &str,
+) -> Option<Box<dyn Stream>> {
+    let secured = tokio::time::timeout(node.config().handshake_timeout, async {
+        let mut first = vec![0u8; 3];
+        stream.read_exact(&mut first).await?;
+        if !fallow_tls::looks_like_tls(&first) {
+            let mut out = BytesMut::new();
+            let message = "this node speaks only TLS here: connect with --node-tls DIR";
+            encode_error(&mut out, 0, 0, Status::TlsRequired, message);
+            let _ = stream.write_all(&out).await;
+            return Ok(None);
+        }
+        let stream: Box<dyn Stream> = Box::new(tls.accept(Prefixed::new(first, stream)).await?);
+        Ok::<_, std::io::Error>(Some(stream))
+    })
+    .await;
+    match secured {
+        Ok(Ok(Some(stream))) => return Some(stream),
+        Ok(Ok(None)) => {
+            tracing::warn!(%peer, "plaintext connection refused: this node requires TLS");
+            node.metrics().reject("tls_required");
+        }
+        Ok(Err(err)) => {
+            tracing::warn!(%peer, %err, "TLS handshake failed");
+            node.metrics().reject("tls_handshake");
+        }
+        Err(_) => {
+            tracing::warn!(%peer, "TLS handshake not finished in time");
+            node.metrics().reject("handshake_timeout");
+        }
+    }
+    None
 }
 
 impl Connection {
@@ -227,6 +282,14 @@ impl Connection {
             let frame = match decode_limited(input, limit) {
                 Ok(Some(frame)) => frame,
                 Ok(None) => return Ok(Drained::Yes),
+                Err(_) if fallow_tls::looks_like_tls(input) => {
+                    // Nothing the TLS client could read would help: it waits for a
+                    // handshake. Its own error says the node closed during it.
+                    self.node.metrics().reject("tls_on_plaintext");
+                    return Err(Closed::Protocol(
+                        "a TLS client reached this node, which has no --node-tls".into(),
+                    ));
+                }
                 Err(err) => {
                     self.node.metrics().reject("bad_frame");
                     let message = err.to_string();

@@ -198,6 +198,7 @@ impl Forwarder {
                         .connect_timeout(node.config().forward_timeout)
                         .name("fallow-node forwarder")
                         .connections(2)
+                        .tls(node.config().tls.as_ref().map(|tls| tls.client.clone()))
                 });
             let cluster = ClusterClient::connect(config).await.map_err(|e| {
                 (Status::Internal, format!("cannot reach the cluster to forward: {e}"))

@@ -37,7 +37,7 @@ mod node;
 mod server;
 pub mod summary;
 
-pub use config::{ClusterSettings, ConfigFile, NodeConfig};
+pub use config::{ClusterSettings, ConfigFile, NodeConfig, NodeTls};
 pub use fallow_core::ListenAddr;
 pub use node::Node;
 pub use server::Server;

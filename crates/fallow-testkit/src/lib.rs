@@ -10,7 +10,8 @@
 //! outside the repository, booted under QEMU with NBD or vhost-user disks, a script run
 //! in them, its results read from the serial console, every guest bounded in time.
 //! [`ceph`]: a throwaway one-node Ceph cluster. [`qsd`]: qemu-storage-daemon exporting an
-//! image over vhost-user-blk and NBD, the reference backend of `fallow bench blk`. Behind
+//! image over vhost-user-blk and NBD, the reference backend of `fallow bench blk`. [`tls`]:
+//! throwaway certificates and pre-shared keys, made with `openssl`, for the TLS tests. Behind
 //! features, for the crates whose tests need them: `node` (a real node on a thread of its
 //! own), `backing` (the model every backing store is checked against), `pool` (page
 //! contents and the benches' settings).
@@ -25,3 +26,4 @@ pub mod node;
 pub mod pages;
 pub mod process;
 pub mod qsd;
+pub mod tls;

@@ -86,7 +86,7 @@ use crate::{check_range, BackingStore, Capabilities, Durability, Extent, Zeroing
 use conn::*;
 use negotiate::*;
 use replies::*;
-pub use uri::NbdUri;
+pub use uri::{NbdUri, UpstreamTls};
 
 /// How long connecting and negotiating may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -162,6 +162,8 @@ impl Slot {
 /// An upstream NBD export.
 pub struct NbdStore {
     uri: NbdUri,
+    /// The TLS client of an `nbds://` URI, loaded once for every connection.
+    tls: Option<fallow_tls::TlsClient>,
     info: ExportInfo,
     durability: Arc<FlushCoverage>,
     slots: Vec<Slot>,
@@ -183,8 +185,9 @@ impl NbdStore {
     /// Connects to `uri` and negotiates (the first connection; others open on use).
     pub async fn connect(uri: &str) -> io::Result<NbdStore> {
         let uri = NbdUri::parse(uri)?;
+        let tls = uri.tls().map(|tls| tls.client()).transpose()?;
         let durability = Arc::new(FlushCoverage::default());
-        let (conn, info) = open(&uri, 0, &durability).await?;
+        let (conn, info) = open(&uri, 0, &durability, tls.as_ref()).await?;
         let multi = info.flags & NBD_FLAG_CAN_MULTI_CONN != 0;
         let wanted = uri.connections().unwrap_or(DEFAULT_CONNECTIONS);
         if wanted > 1 && !multi {
@@ -197,7 +200,7 @@ impl NbdStore {
         }
         tracing::info!(uri = %uri, size = info.size, flags = format_args!("{:#x}", info.flags), connections = n, block_status = info.block_status, "upstream NBD export opened");
         let (next, cookie) = (AtomicUsize::new(0), AtomicU64::new(1));
-        Ok(NbdStore { uri, info, durability, slots, next, cookie })
+        Ok(NbdStore { uri, tls, info, durability, slots, next, cookie })
     }
 
     /// The next slot's connection, opened if it is not.
@@ -212,7 +215,7 @@ impl NbdStore {
         if let Some(conn) = slot.open_conn() {
             return Ok(conn);
         }
-        let (conn, info) = open(&self.uri, i, &self.durability).await?;
+        let (conn, info) = open(&self.uri, i, &self.durability, self.tls.as_ref()).await?;
         let (was, now) = (self.info, info);
         if now.size != was.size || (now.flags ^ was.flags) & FLAGS_THAT_MATTER != 0 {
             conn.shut();
@@ -438,16 +441,27 @@ mod tests {
             NbdUri::Tcp {
                 addr: "127.0.0.1:10810".into(),
                 export: "disk".into(),
-                connections: None
+                connections: None,
+                tls: None,
             }
         );
         assert_eq!(
             NbdUri::parse("nbd://host").unwrap(),
-            NbdUri::Tcp { addr: "host:10809".into(), export: "".into(), connections: None }
+            NbdUri::Tcp {
+                addr: "host:10809".into(),
+                export: "".into(),
+                connections: None,
+                tls: None
+            }
         );
         assert_eq!(
             NbdUri::parse("nbd+unix:///e?socket=/tmp/s").unwrap(),
-            NbdUri::Unix { path: "/tmp/s".into(), export: "e".into(), connections: None }
+            NbdUri::Unix {
+                path: "/tmp/s".into(),
+                export: "e".into(),
+                connections: None,
+                tls: None
+            }
         );
         for bad in ["http://x", "nbd://", "nbd+unix:///e", "nbd+unix:///e?sock=1"] {
             assert!(NbdUri::parse(bad).is_err(), "{bad}");
@@ -455,9 +469,34 @@ mod tests {
     }
 
     #[test]
+    fn tls_uris() {
+        let uri = NbdUri::parse("nbds://alice@[::1]:10810/disk?tls-psk-file=/k.psk").unwrap();
+        let tls = uri.tls().unwrap();
+        assert_eq!(tls.username.as_deref(), Some("alice"));
+        assert_eq!(tls.psk_file, Some("/k.psk".into()));
+        assert_eq!(tls.host, "::1");
+        assert_eq!(uri.to_string(), "nbds://[::1]:10810/disk");
+        let uri = NbdUri::parse("nbds://h.example/d?tls-certificates=/etc/pki").unwrap();
+        assert_eq!(uri.tls().unwrap().host, "h.example");
+        assert_eq!(uri.tls().unwrap().certificates, Some("/etc/pki".into()));
+        let unix = NbdUri::parse("nbds+unix:///e?socket=/s&tls-certificates=/c").unwrap();
+        assert_eq!(unix.tls().unwrap().host, "localhost");
+        for (bad, why) in [
+            ("nbds://h/d", "tls-certificates=DIR or tls-psk-file"),
+            ("nbd://h/d?tls-certificates=/c", "needs nbds://"),
+            ("nbd://alice@h/d", "user name"),
+            ("nbds+unix://h/e?socket=/s&tls-certificates=/c", "no host"),
+        ] {
+            let err = NbdUri::parse(bad).unwrap_err().to_string();
+            assert!(err.contains(why), "{bad}: {err}");
+        }
+    }
+
+    #[test]
     fn uris_with_a_connection_count() {
         let tcp = NbdUri::parse("nbd://h:1/d?conns=2").unwrap();
-        let expected = NbdUri::Tcp { addr: "h:1".into(), export: "d".into(), connections: Some(2) };
+        let expected =
+            NbdUri::Tcp { addr: "h:1".into(), export: "d".into(), connections: Some(2), tls: None };
         assert_eq!(tcp, expected);
         assert_eq!(tcp.to_string(), "nbd://h:1/d?conns=2");
         assert_eq!(NbdUri::parse("nbd://h?conns=3").unwrap().connections(), Some(3));

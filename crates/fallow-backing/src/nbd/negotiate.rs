@@ -3,31 +3,37 @@
 
 use super::*;
 
-/// Connects, negotiates and starts the reader: a connection for slot `slot`.
+/// Connects, negotiates and starts the reader: a connection for slot `slot`, over TLS when
+/// `tls` is given (an `nbds://` URI).
 pub(super) async fn open(
     uri: &NbdUri,
     slot: usize,
     durability: &Arc<FlushCoverage>,
+    tls: Option<&fallow_tls::TlsClient>,
 ) -> io::Result<(Arc<Conn>, ExportInfo)> {
     tokio::time::timeout(CONNECT_TIMEOUT, async {
         let cannot =
             |e: io::Error| io::Error::new(e.kind(), format!("cannot connect to {uri}: {e}"));
-        let (mut reader, mut writer): (Reader, WriteHalf) = match uri {
-            NbdUri::Tcp { addr, .. } => {
+        let (mut reader, mut writer, greeted): (Reader, WriteHalf, bool) = match (uri, tls) {
+            (NbdUri::Tcp { addr, .. }, None) => {
                 let s = tokio::net::TcpStream::connect(addr.as_str()).await.map_err(cannot)?;
                 s.set_nodelay(true)?;
                 let (r, w) = s.into_split();
-                (Box::new(r), WriteHalf::Tcp(w))
+                (Box::new(r), WriteHalf::Tcp(w), false)
             }
-            NbdUri::Unix { path, .. } => {
+            (NbdUri::Unix { path, .. }, None) => {
                 let s = tokio::net::UnixStream::connect(path).await.map_err(cannot)?;
                 let (r, w) = s.into_split();
-                (Box::new(r), WriteHalf::Unix(w))
+                (Box::new(r), WriteHalf::Unix(w), false)
+            }
+            (_, Some(client)) => {
+                let (r, w) = tls_tunnel(uri, client).await.map_err(cannot)?;
+                (r, w, true)
             }
         };
         let mut input = BytesMut::with_capacity(GULP);
         let mut haggle =
-            Haggle { uri, reader: &mut reader, writer: &mut writer, input: &mut input };
+            Haggle { uri, reader: &mut reader, writer: &mut writer, input: &mut input, greeted };
         let (info, structured, base_allocation) = haggle.negotiate().await?;
         let conn = Arc::new(Conn {
             label: format!("{uri} #{slot}"),
@@ -54,6 +60,96 @@ pub(super) async fn open(
     })?
 }
 
+/// Opens the connection, starts TLS with `NBD_OPT_STARTTLS` as its first option, and
+/// relays the TLS stream through a socket pair, whose near end it returns: the store's
+/// writers write to a socket without waiting (`WriteHalf::try_write_vectored`), which a
+/// TLS stream cannot offer, and an upstream store's own latency dwarfs the relay's.
+async fn tls_tunnel(
+    uri: &NbdUri,
+    client: &fallow_tls::TlsClient,
+) -> io::Result<(Reader, WriteHalf)> {
+    let host = uri.tls().map_or("localhost", |t| t.host.as_str());
+    match uri {
+        NbdUri::Tcp { addr, .. } => {
+            let mut s = tokio::net::TcpStream::connect(addr.as_str()).await?;
+            s.set_nodelay(true)?;
+            start_tls(uri, &mut s).await?;
+            relay(client.connect(host, s).await?)
+        }
+        NbdUri::Unix { path, .. } => {
+            let mut s = tokio::net::UnixStream::connect(path).await?;
+            start_tls(uri, &mut s).await?;
+            relay(client.connect(host, s).await?)
+        }
+    }
+}
+
+/// The exchange before TLS, read exactly (nothing past the STARTTLS reply, which is where
+/// the TLS handshake begins): the greeting, the client flags, STARTTLS and its ACK.
+async fn start_tls<S>(uri: &NbdUri, stream: &mut S) -> io::Result<()>
+where
+    S: AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let mut greeting = [0u8; fallow_proto::nbd::handshake::GREETING_LEN];
+    stream.read_exact(&mut greeting).await?;
+    let flags = decode_greeting(&mut BytesMut::from(&greeting[..]))
+        .map_err(|e| protocol_error(uri, e))?
+        .ok_or_else(|| protocol_error(uri, "short greeting"))?;
+    if flags & NBD_FLAG_FIXED_NEWSTYLE == 0 {
+        return Err(protocol_error(uri, "server does not speak fixed newstyle, so no TLS"));
+    }
+    let mut out = BytesMut::new();
+    encode_client_flags(&mut out, client_flags(flags));
+    Opt::StartTls.encode(&mut out);
+    stream.write_all(&out).await?;
+    // An option reply: magic (8), option (4), type (4), length (4), then the data.
+    let mut head = [0u8; 20];
+    stream.read_exact(&mut head).await?;
+    let [.., l0, l1, l2, l3] = head;
+    let len = u32::from_be_bytes([l0, l1, l2, l3]);
+    let mut raw = BytesMut::from(&head[..]);
+    if len as usize > MAX_STRING_LEN + 4 {
+        return Err(protocol_error(uri, format!("a {len}-byte reply to STARTTLS")));
+    }
+    let mut data = vec![0u8; len as usize];
+    stream.read_exact(&mut data).await?;
+    raw.extend_from_slice(&data);
+    let reply = decode_option_reply(&mut raw)
+        .map_err(|e| protocol_error(uri, e))?
+        .ok_or_else(|| protocol_error(uri, "short reply to STARTTLS"))?;
+    match OptionReply::parse(&reply).map_err(|e| protocol_error(uri, e))? {
+        OptionReply::Ack => Ok(()),
+        OptionReply::Error { error, message } => {
+            Err(protocol_error(uri, format!("the server refused TLS ({error:?}): {message}")))
+        }
+        other => Err(protocol_error(uri, format!("unexpected reply to STARTTLS: {other:?}"))),
+    }
+}
+
+/// Relays `tls` through a socket pair, in a task that ends when either side closes.
+fn relay<S>(mut tls: fallow_tls::SslStream<S>) -> io::Result<(Reader, WriteHalf)>
+where
+    S: AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (near, mut far) = tokio::net::UnixStream::pair()?;
+    tokio::spawn(async move {
+        if let Err(err) = tokio::io::copy_bidirectional(&mut far, &mut tls).await {
+            tracing::debug!(%err, "TLS relay to the upstream NBD server ended");
+        }
+    });
+    let (r, w) = near.into_split();
+    Ok((Box::new(r), WriteHalf::Unix(w)))
+}
+
+/// The client flags we send for the server's handshake flags.
+fn client_flags(server_flags: u16) -> u32 {
+    let mut flags = NBD_FLAG_C_FIXED_NEWSTYLE;
+    if server_flags & NBD_FLAG_NO_ZEROES != 0 {
+        flags |= NBD_FLAG_C_NO_ZEROES;
+    }
+    flags
+}
+
 pub(super) fn protocol_error(uri: &NbdUri, what: impl std::fmt::Display) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, format!("{uri}: {what}"))
 }
@@ -64,6 +160,8 @@ pub(super) struct Haggle<'a> {
     pub(super) reader: &'a mut Reader,
     pub(super) writer: &'a mut WriteHalf,
     pub(super) input: &'a mut BytesMut,
+    /// The greeting and client flags were exchanged already (before STARTTLS).
+    pub(super) greeted: bool,
 }
 
 impl Haggle<'_> {
@@ -72,22 +170,20 @@ impl Haggle<'_> {
     /// Returns what the export is, whether structured replies were agreed, and the id of
     /// `base:allocation`.
     pub(super) async fn negotiate(&mut self) -> io::Result<(ExportInfo, bool, Option<u32>)> {
-        let flags = loop {
-            let greeting = decode_greeting(self.input);
-            if let Some(flags) = greeting.map_err(|e| protocol_error(self.uri, e))? {
-                break flags;
-            }
-            self.fill().await?;
-        };
-        if flags & NBD_FLAG_FIXED_NEWSTYLE == 0 {
-            return Err(protocol_error(self.uri, "server does not speak fixed newstyle"));
-        }
-        let mut client_flags = NBD_FLAG_C_FIXED_NEWSTYLE;
-        if flags & NBD_FLAG_NO_ZEROES != 0 {
-            client_flags |= NBD_FLAG_C_NO_ZEROES;
-        }
         let mut out = BytesMut::new();
-        encode_client_flags(&mut out, client_flags);
+        if !self.greeted {
+            let flags = loop {
+                let greeting = decode_greeting(self.input);
+                if let Some(flags) = greeting.map_err(|e| protocol_error(self.uri, e))? {
+                    break flags;
+                }
+                self.fill().await?;
+            };
+            if flags & NBD_FLAG_FIXED_NEWSTYLE == 0 {
+                return Err(protocol_error(self.uri, "server does not speak fixed newstyle"));
+            }
+            encode_client_flags(&mut out, client_flags(flags));
+        }
         Opt::StructuredReply.encode(&mut out);
         self.writer.write_all(&out).await?;
         let structured = match self.reply(NBD_OPT_STRUCTURED_REPLY).await? {
@@ -169,7 +265,13 @@ impl Haggle<'_> {
                     // A soft disconnect, as the spec asks (after NBD_REP_ERR_SHUTDOWN it
                     // must); the connection is dropped either way.
                     let _ = self.send(Opt::Abort).await;
-                    let why = format!("export refused ({error:?}): {message}");
+                    let why = match error {
+                        RepError::TlsReqd => format!(
+                            "the server requires TLS ({message}): use nbds:// with \
+                             tls-certificates=DIR or tls-psk-file=FILE"
+                        ),
+                        _ => format!("export refused ({error:?}): {message}"),
+                    };
                     return Err(protocol_error(self.uri, why));
                 }
                 other => return Err(self.unexpected("GO", &other)),

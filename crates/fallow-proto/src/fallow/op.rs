@@ -129,11 +129,14 @@ pub enum Status {
     /// The frame's length field is out of range; sent with request id 0, then the node
     /// closes (the stream cannot be resynchronised).
     BadFrame = 12,
+    /// The node speaks only TLS on this listener (`--node-tls`) and the peer began in the
+    /// clear; sent in the clear with request id 0, then the node closes.
+    TlsRequired = 13,
 }
 
 impl Status {
     /// Every status, in code order.
-    pub const ALL: [Status; 13] = [
+    pub const ALL: [Status; 14] = [
         Status::Ok,
         Status::UnknownOp,
         Status::Malformed,
@@ -147,6 +150,7 @@ impl Status {
         Status::TooManyPools,
         Status::Internal,
         Status::BadFrame,
+        Status::TlsRequired,
     ];
 
     /// The status with this code, if any.
@@ -170,6 +174,7 @@ impl Status {
             Status::TooManyPools => "too_many_pools",
             Status::Internal => "internal",
             Status::BadFrame => "bad_frame",
+            Status::TlsRequired => "tls_required",
         }
     }
 
@@ -181,6 +186,7 @@ impl Status {
                 | Status::AuthFailed
                 | Status::UnsupportedVersion
                 | Status::BadFrame
+                | Status::TlsRequired
         )
     }
 }

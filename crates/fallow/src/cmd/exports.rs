@@ -38,6 +38,9 @@ pub struct ExportArgs {
     /// The shared secret, for a fallow:// pool.
     #[arg(long, value_name = "FILE")]
     pub secret_file: Option<PathBuf>,
+    /// For a fallow:// pool whose nodes run with --node-tls.
+    #[command(flatten)]
+    pub node_tls: super::tls::NodeTlsArgs,
     /// Size of the local tier in this process (0 for none).
     #[arg(long, value_name = "SIZE", default_value = "64M")]
     pub local_tier: String,
@@ -215,7 +218,7 @@ async fn open_backing(spec: &str) -> anyhow::Result<Arc<dyn BackingStore>> {
         let size = parse_size(size).with_context(|| format!("backing {spec:?}"))?;
         return Ok(Arc::new(MemStore::new(size)));
     }
-    if spec.starts_with("nbd://") || spec.starts_with("nbd+unix://") {
+    if ["nbd://", "nbds://", "nbd+unix://", "nbds+unix://"].iter().any(|s| spec.starts_with(s)) {
         return Ok(Arc::new(NbdStore::connect(spec).await?));
     }
     if let Some(rest) = spec.strip_prefix("rados:") {
@@ -395,7 +398,8 @@ async fn open_pool(args: &ExportArgs) -> anyhow::Result<Option<OpenedPool>> {
             bail!("--pool {} needs --secret-file", args.pool);
         };
         let secret = fallow_node::config::read_secret(secret_file).map_err(anyhow::Error::msg)?;
-        open_remote(&args.pool, secret).await.with_context(|| format!("pool {}", args.pool))?
+        let tls = args.node_tls.client()?;
+        open_remote(&args.pool, secret, tls).await.with_context(|| format!("pool {}", args.pool))?
     } else {
         bail!(
             "--pool {:?}: expected none, local:SIZE, fallow://HOST:PORT or fallow://A,B,...",
@@ -409,10 +413,17 @@ async fn open_pool(args: &ExportArgs) -> anyhow::Result<Option<OpenedPool>> {
 
 /// Connects to `fallow://…`: a cluster client for a list of seeds, or for one node that
 /// gossips with live peers; a plain client for a node alone.
-async fn open_remote(pool: &str, secret: Vec<u8>) -> anyhow::Result<Arc<dyn AsyncPageStore>> {
+async fn open_remote(
+    pool: &str,
+    secret: Vec<u8>,
+    tls: Option<fallow_tls::TlsClient>,
+) -> anyhow::Result<Arc<dyn AsyncPageStore>> {
     use fallow_client::{Client, ClientConfig, ClusterClient, ClusterClientConfig, MemberState};
     if !pool.contains(',') {
-        let config = ClientConfig::new(pool, secret.clone())?.name("fallow-nbd").connections(2);
+        let config = ClientConfig::new(pool, secret.clone())?
+            .name("fallow-nbd")
+            .connections(2)
+            .tls(tls.clone());
         let client = Client::connect(config).await?;
         // A node too old to know MEMBERS, or one that does not gossip, is used alone.
         let members = client.members().await.unwrap_or_default();
@@ -422,8 +433,8 @@ async fn open_remote(pool: &str, secret: Vec<u8>) -> anyhow::Result<Arc<dyn Asyn
             return Ok(Arc::new(client));
         }
     }
-    let config =
-        ClusterClientConfig::new(pool, secret)?.per_node(|c| c.name("fallow-nbd").connections(2));
+    let config = ClusterClientConfig::new(pool, secret)?
+        .per_node(|c| c.name("fallow-nbd").connections(2).tls(tls));
     let cluster = ClusterClient::connect(config).await?;
     tracing::info!(nodes = cluster.nodes().len(), "caching in a cluster");
     Ok(Arc::new(cluster))

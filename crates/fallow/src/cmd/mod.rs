@@ -6,6 +6,7 @@ pub mod nbd;
 pub mod node;
 pub mod serving;
 pub mod stat;
+pub mod tls;
 pub mod trace;
 pub mod up;
 pub mod vhost;

@@ -5,11 +5,12 @@ use std::sync::Arc;
 use clap::Args;
 use fallow_core::ListenAddr;
 use fallow_nbd::metrics::PoolMemory;
-use fallow_nbd::NbdServer;
+use fallow_nbd::{NbdServer, ServerOptions};
 use fallow_pool::Engine;
 
 use super::exports::{flush_exports, nbd_exports, open_exports, ExportArgs};
 use super::serving::{server_runtime, PollingArgs};
+use super::tls::{nbd_scheme, NbdTlsArgs};
 
 /// Export block devices over NBD, with reads served from the page pool.
 ///
@@ -26,7 +27,9 @@ use super::serving::{server_runtime, PollingArgs};
 /// they are acknowledged. Connect with any NBD client, e.g.
 /// `qemu-img info nbd://127.0.0.1:10809/NAME`. With `--poll-us` each connection polls its
 /// socket between requests instead of sleeping: lower latency, for up to a core per busy
-/// connection.
+/// connection. With `--tls require`, clients must use TLS
+/// (`nbds://HOST:PORT/NAME`, e.g. `nbdinfo 'nbds://HOST/NAME?tls-certificates=DIR'` or
+/// qemu's `--object tls-creds-x509`); docs/security.md shows how to make certificates.
 #[derive(Debug, Args)]
 pub struct NbdArgs {
     #[command(flatten)]
@@ -40,6 +43,8 @@ pub struct NbdArgs {
     metrics: Option<std::net::SocketAddr>,
     #[command(flatten)]
     polling: PollingArgs,
+    #[command(flatten)]
+    tls: NbdTlsArgs,
 }
 
 /// Lets the server's metrics (and so `fallow stat --nbd`) show the memory of a pool engine
@@ -64,22 +69,26 @@ pub fn run(args: NbdArgs) -> anyhow::Result<()> {
         args.listen.clone()
     };
     let polling = args.polling.read_polling()?;
+    let tls = args.tls.policy()?;
+    let scheme = nbd_scheme(&tls);
     let runtime = server_runtime("fallow-nbd", args.polling.cpus.as_ref())?;
     runtime.block_on(async move {
         let (opened, engine) = open_exports(&args.exports).await?;
         let names: Vec<String> = opened.iter().map(|e| e.name.clone()).collect();
         let exports = nbd_exports(&opened, args.exports.read_only);
-        let server = NbdServer::start_polling(&listen, exports, args.metrics, polling).await?;
+        let options = ServerOptions { metrics: args.metrics, polling, tls };
+        let server = NbdServer::start_with(&listen, exports, options).await?;
         if let Some(engine) = engine {
             export_engine_memory(&server, engine);
         }
         for addr in server.local_addrs() {
             for name in &names {
                 match addr {
-                    ListenAddr::Tcp(a) => eprintln!("fallow nbd: serving nbd://{a}/{name}"),
-                    ListenAddr::Unix(p) => {
-                        eprintln!("fallow nbd: serving nbd+unix:///{name}?socket={}", p.display())
-                    }
+                    ListenAddr::Tcp(a) => eprintln!("fallow nbd: serving {scheme}://{a}/{name}"),
+                    ListenAddr::Unix(p) => eprintln!(
+                        "fallow nbd: serving {scheme}+unix:///{name}?socket={}",
+                        p.display()
+                    ),
                 }
             }
         }

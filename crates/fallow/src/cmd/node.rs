@@ -13,6 +13,7 @@ use fallow_node::{ClusterSettings, ConfigFile, ListenAddr, Node, NodeConfig, Ser
 use fallow_pool::{Engine, EngineBuilder};
 
 use super::serving::{read_polling, server_runtime, PollingArgs};
+use super::tls::{node_tls_client, node_tls_server, NodeTlsArgs};
 
 /// The default address: loopback only, so a node is never exposed by accident.
 const DEFAULT_LISTEN: &str = "127.0.0.1:7400";
@@ -55,6 +56,8 @@ pub struct NodeArgs {
     /// File holding the shared cluster secret (at least 16 bytes). Required.
     #[arg(long, value_name = "FILE")]
     secret_file: Option<PathBuf>,
+    #[command(flatten)]
+    node_tls: NodeTlsArgs,
     /// Serve Prometheus metrics at http://ADDR/metrics.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
@@ -164,6 +167,16 @@ fn settings(args: NodeArgs) -> anyhow::Result<Settings> {
     };
     let mut config = NodeConfig::new(listen, secret);
     config.metrics = metrics;
+    let tls_dir = args.node_tls.node_tls.or(file.node_tls);
+    if let (Some(server), Some(client)) =
+        (node_tls_server(tls_dir.as_deref())?, node_tls_client(tls_dir.as_deref())?)
+    {
+        tracing::info!(
+            credentials = server.summary(),
+            "the node protocol runs over TLS 1.3 on TCP"
+        );
+        config.tls = Some(fallow_node::NodeTls { server, client });
+    }
     config.cluster = cluster;
     if let Some(secs) = args.client_lease.or(file.client_lease_secs) {
         config.client_lease = Duration::from_secs(secs);

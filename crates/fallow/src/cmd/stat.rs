@@ -13,6 +13,8 @@ use anyhow::{bail, Context};
 use clap::Args;
 use fallow_client::{Client, ClientConfig, NodeStats};
 
+use super::tls::NodeTlsArgs;
+
 /// Print a node's or an NBD server's state: memory, hit ratio, traffic, pressure.
 ///
 /// A node (`--node`, the default; needs `--secret-file`): lent and used memory, pages,
@@ -34,6 +36,8 @@ pub struct StatArgs {
     /// File holding the shared cluster secret (for a node).
     #[arg(long, value_name = "FILE", conflicts_with = "nbd")]
     secret_file: Option<PathBuf>,
+    #[command(flatten)]
+    node_tls: NodeTlsArgs,
     /// An NBD server instead: its metrics address, HOST:PORT or http://HOST:PORT[/PATH].
     #[arg(long, value_name = "ADDR")]
     nbd: Option<String>,
@@ -66,6 +70,7 @@ pub fn run(args: StatArgs) -> anyhow::Result<()> {
     };
     let secret = fallow_node::config::read_secret(secret_file).map_err(anyhow::Error::msg)?;
     let config = ClientConfig::new(&args.node, secret)?
+        .tls(args.node_tls.client()?)
         .name("fallow-stat")
         .timeout(timeout)
         .connect_timeout(timeout);

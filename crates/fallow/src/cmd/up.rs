@@ -12,7 +12,7 @@ use clap::Args;
 use fallow_backing::{BackingStore, FileStore};
 use fallow_cache::{CacheConfig, CacheLayer, Mode, PoolTier};
 use fallow_core::{AsyncPageStore, ListenAddr, PoolSpec};
-use fallow_nbd::{Export, NbdServer};
+use fallow_nbd::{Export, NbdServer, ServerOptions};
 use fallow_node::lending::{parse_size, Governor, LendMode};
 use fallow_pool::{Engine, EngineBuilder};
 
@@ -117,7 +117,8 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
             read_only: false,
         });
         let listen = std::slice::from_ref(&args.listen);
-        let server = NbdServer::start_polling(listen, vec![export], args.metrics, polling).await?;
+        let options = ServerOptions { metrics: args.metrics, polling, ..ServerOptions::default() };
+        let server = NbdServer::start_with(listen, vec![export], options).await?;
         crate::cmd::nbd::export_engine_memory(&server, engine.clone());
         let watch = match server.metrics_addr() {
             Some(addr) => format!("\n  watch it:\n    fallow stat --nbd {addr}\n"),

@@ -7,11 +7,12 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use fallow_core::ListenAddr;
-use fallow_nbd::NbdServer;
+use fallow_nbd::{NbdServer, ServerOptions};
 use fallow_net::cpus::CpuList;
 use fallow_vhost::{Device, Polling, Server};
 
 use super::exports::{flush_exports, nbd_exports, open_exports, ExportArgs};
+use super::tls::NbdTlsArgs;
 
 /// Serve block devices to QEMU guests on this host through shared memory (vhost-user-blk),
 /// with reads served from the page pool.
@@ -58,10 +59,14 @@ pub struct VhostArgs {
     /// requests of --nbd; `fallow stat --nbd ADDR` reads them.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<std::net::SocketAddr>,
+    /// TLS of the --nbd listeners.
+    #[command(flatten)]
+    tls: NbdTlsArgs,
 }
 
 /// Runs the devices until SIGTERM or SIGINT.
 pub fn run(args: VhostArgs) -> anyhow::Result<()> {
+    let tls = args.tls.policy()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .thread_name("fallow-vhost")
         .enable_all()
@@ -93,7 +98,8 @@ pub fn run(args: VhostArgs) -> anyhow::Result<()> {
             true => None,
             false => {
                 let exports = nbd_exports(&opened, args.exports.read_only);
-                Some(NbdServer::start(&args.nbd, exports, args.metrics).await?)
+                let options = ServerOptions { metrics: args.metrics, tls, ..Default::default() };
+                Some(NbdServer::start_with(&args.nbd, exports, options).await?)
             }
         };
         let mut threads = Vec::new();
