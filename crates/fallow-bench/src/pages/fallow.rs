@@ -95,7 +95,9 @@ impl Connection {
             // they decide how a node's failure shows.
             let config = ClusterClientConfig::new(addr, opts.secret.clone())
                 .map_err(|e| PagesError::Options(e.to_string()))?
-                .per_node(|c| c.connections(opts.connections).name("fallow-bench"));
+                .per_node(|c| {
+                    c.connections(opts.connections).name("fallow-bench").tls(opts.tls.clone())
+                });
             let client = ClusterClient::connect(config).await.map_err(|e| match e {
                 fallow_client::ClusterError::NoNodeReachable(e) => connect_failed(e),
                 other => cluster_error(other),
@@ -108,7 +110,8 @@ impl Connection {
                 .map_err(|e| PagesError::Options(e.to_string()))?
                 .connections(opts.connections)
                 .timeout(REQUEST_TIMEOUT)
-                .name("fallow-bench");
+                .name("fallow-bench")
+                .tls(opts.tls.clone());
             let client = Client::connect(config).await.map_err(connect_failed)?;
             let pool = client.create_pool(&spec).await.map_err(client_error)?;
             (Store::Node(client), pool)

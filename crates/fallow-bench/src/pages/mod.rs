@@ -130,6 +130,8 @@ pub struct PagesOptions {
     pub target: Target,
     /// The cluster secret for a fallow target (ignored by memcached).
     pub secret: Vec<u8>,
+    /// TLS to the nodes of a fallow target (`--node-tls`).
+    pub tls: Option<fallow_tls::TlsClient>,
     /// Gets, puts or a mix.
     pub workload: Workload,
     /// The key space: ids `0..keys`.
@@ -172,6 +174,7 @@ impl PagesOptions {
         Self {
             target,
             secret: Vec::new(),
+            tls: None,
             workload: Workload::Get,
             keys: 65_536,
             dist: KeyDist::Uniform,

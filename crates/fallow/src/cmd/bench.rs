@@ -120,6 +120,8 @@ pub struct PagesArgs {
     /// The file holding the cluster secret (fallow targets).
     #[arg(long)]
     secret_file: Option<PathBuf>,
+    #[command(flatten)]
+    node_tls: super::tls::NodeTlsArgs,
     /// get, put, or mix:R with R the read fraction (mix:0.9).
     #[arg(long, default_value = "get")]
     workload: Workload,
@@ -215,6 +217,7 @@ fn bench_pages(args: PagesArgs) -> anyhow::Result<()> {
         // Read exactly as the node reads it, so that the same file always matches.
         opts.secret = fallow_node::config::read_secret(path).map_err(anyhow::Error::msg)?;
     }
+    opts.tls = args.node_tls.client()?;
     opts.workload = args.workload;
     opts.keys = args.keys;
     opts.dist = args.dist;
