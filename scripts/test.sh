@@ -28,6 +28,11 @@ command -v nbdkit >/dev/null || packages+=(nbdkit)
 command -v fio >/dev/null || packages+=(fio)
 command -v fusermount3 >/dev/null || packages+=(fuse3)
 command -v nft >/dev/null || packages+=(nftables)
+# TLS (crates/fallow-tls) links the system OpenSSL through pkg-config; the TLS tests make
+# their certificates with the openssl tool, as docs/security.md tells users to.
+command -v openssl >/dev/null || packages+=(openssl)
+command -v pkg-config >/dev/null || packages+=(pkg-config)
+[ -e /usr/include/openssl/ssl.h ] || packages+=(libssl-dev)
 # The RADOS store (cargo feature `rados`) links against librados, and its tests start a
 # throwaway single-node Ceph cluster (tests/ceph/): a monitor, an OSD and the ceph/rados
 # tools. Installed without recommends, which would add a manager and an MDS.

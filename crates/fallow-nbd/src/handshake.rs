@@ -550,4 +550,168 @@ mod tests {
         assert!(replies.is_empty());
         assert_eq!(last, Some(OptionReply::Ack));
     }
+
+    // TLS (the spec's FORCEDTLS and SELECTIVETLS modes), with a pre-shared key so that no
+    // certificate is needed.
+
+    /// A server half with a pre-shared key in a scratch file, and the matching client.
+    fn psk_pair(tag: &str) -> (TlsServer, fallow_tls::TlsClient) {
+        let dir = std::env::temp_dir().join(format!("fallow-nbd-tls-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("keys.psk");
+        std::fs::write(&file, format!("fallow:{}\n", "5a".repeat(32))).unwrap();
+        let server = TlsServer::new(&fallow_tls::ServerOptions {
+            psk: Some(file.clone()),
+            ..Default::default()
+        })
+        .unwrap();
+        let client = fallow_tls::TlsClient::new(&fallow_tls::ClientOptions {
+            psk: Some((file, None)),
+            ..Default::default()
+        })
+        .unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        (server, client)
+    }
+
+    /// Every option reply in `bytes` (after the greeting), parsed.
+    fn replies(bytes: &[u8]) -> Vec<(u32, OptionReply)> {
+        let mut buf = BytesMut::from(bytes);
+        let mut all = Vec::new();
+        while let Some(raw) = decode_option_reply(&mut buf).unwrap() {
+            all.push((raw.option, OptionReply::parse(&raw).unwrap()));
+        }
+        assert!(buf.is_empty(), "a partial reply is left");
+        all
+    }
+
+    async fn negotiate_under(
+        input: &[u8],
+        policy: &TlsPolicy,
+    ) -> (Result<Option<Session>, HandshakeError>, Vec<u8>) {
+        let (mut peer, server) = tokio::io::duplex(1 << 16);
+        peer.write_all(input).await.unwrap();
+        let exports = exports();
+        let result = negotiate(Box::new(server), &exports, policy).await.map(|n| n.session);
+        let mut sent = Vec::new();
+        peer.read_to_end(&mut sent).await.unwrap();
+        (result, sent)
+    }
+
+    #[tokio::test]
+    async fn required_tls_answers_every_option_but_starttls_and_abort_with_tls_reqd() {
+        let policy = TlsPolicy::Required(psk_pair("reqd").0);
+        let flags = NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES;
+        let go = Opt::Go(ExportOpt { name: "d".into(), info_requests: vec![] });
+        let input = client(flags, &[Opt::List, Opt::StructuredReply, go, Opt::Abort]);
+        let (result, sent) = negotiate_under(&input, &policy).await;
+        assert!(result.unwrap().is_none(), "the client aborted");
+        let got = replies(&sent[GREETING_LEN..]);
+        let tls_reqd =
+            |r: &OptionReply| matches!(r, OptionReply::Error { error: RepError::TlsReqd, .. });
+        assert_eq!(got.len(), 4, "{got:?}");
+        assert!(got[..3].iter().all(|(_, r)| tls_reqd(r)), "{got:?}");
+        assert_eq!(got[3], (NBD_OPT_ABORT, OptionReply::Ack));
+    }
+
+    /// EXPORT_NAME has no error reply, and a client without fixed newstyle cannot start
+    /// TLS: under FORCEDTLS both are hung up on, with nothing sent after the greeting.
+    #[tokio::test]
+    async fn required_tls_hangs_up_on_export_name_and_on_plain_newstyle() {
+        let policy = TlsPolicy::Required(psk_pair("hangup").0);
+        for flags in [NBD_FLAG_C_FIXED_NEWSTYLE, 0] {
+            let (result, sent) =
+                negotiate_under(&client(flags, &[export_name("d")]), &policy).await;
+            assert!(matches!(result, Err(HandshakeError::TlsRequired(_))), "{flags}: {result:?}");
+            assert_eq!(sent.len(), GREETING_LEN, "{flags}: no reply");
+        }
+    }
+
+    #[tokio::test]
+    async fn starttls_is_refused_by_policy_when_tls_is_off() {
+        let flags = NBD_FLAG_C_FIXED_NEWSTYLE;
+        let input = client(flags, &[Opt::StartTls, export_name("d")]);
+        let (result, sent) = negotiate_under(&input, &TlsPolicy::Off).await;
+        assert_eq!(result.unwrap().unwrap().export.name, "d", "served in the clear");
+        let got = replies(&sent[GREETING_LEN..sent.len() - (8 + 2 + 124)]);
+        assert!(
+            matches!(
+                got[..],
+                [(NBD_OPT_STARTTLS, OptionReply::Error { error: RepError::Policy, .. })]
+            ),
+            "{got:?}"
+        );
+    }
+
+    /// Bytes after STARTTLS that the client sent before reading the ACK would be read as
+    /// the start of the TLS handshake; the server refuses them instead.
+    #[tokio::test]
+    async fn bytes_sent_after_starttls_before_its_ack_end_the_session() {
+        let policy = TlsPolicy::Required(psk_pair("early").0);
+        let input = client(NBD_FLAG_C_FIXED_NEWSTYLE, &[Opt::StartTls, Opt::List]);
+        let (result, _) = negotiate_under(&input, &policy).await;
+        match result {
+            Err(HandshakeError::Ended(why)) => assert!(why.contains("STARTTLS"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// After STARTTLS the options go on over TLS; what was negotiated in the clear
+    /// (structured replies here) is forgotten, and a second STARTTLS is invalid.
+    #[tokio::test]
+    async fn after_starttls_options_run_over_tls_and_nothing_from_the_clear_is_kept() {
+        let (server, tls_client) = psk_pair("upgrade");
+        let policy = TlsPolicy::Offered(server);
+        let (mut peer, stream) = tokio::io::duplex(1 << 16);
+        let serving = tokio::spawn(async move {
+            let exports = exports();
+            negotiate(Box::new(stream), &exports, &policy).await.map(|n| (n.session, n.tls))
+        });
+        let flags = NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES;
+        peer.write_all(&client(flags, &[Opt::StructuredReply, Opt::StartTls])).await.unwrap();
+        // The greeting, then the two replies (ACK, ACK): read exactly, nothing more is due.
+        let mut clear = vec![0u8; GREETING_LEN + 2 * 20];
+        peer.read_exact(&mut clear).await.unwrap();
+        let got = replies(&clear[GREETING_LEN..]);
+        assert_eq!(
+            got,
+            [(NBD_OPT_STRUCTURED_REPLY, OptionReply::Ack), (NBD_OPT_STARTTLS, OptionReply::Ack)]
+        );
+        let mut tls = tls_client.connect("localhost", peer).await.unwrap();
+        let mut out = BytesMut::new();
+        Opt::StartTls.encode(&mut out);
+        Opt::Go(ExportOpt { name: "d".into(), info_requests: vec![] }).encode(&mut out);
+        tls.write_all(&out).await.unwrap();
+        tls.flush().await.unwrap();
+        let (session, upgraded) = serving.await.unwrap().unwrap();
+        let session = session.expect("a session");
+        assert!(upgraded);
+        assert!(!session.structured, "structured replies were agreed in the clear only");
+        let mut over_tls = Vec::new();
+        let mut buf = [0u8; 4096];
+        // The server's side is done; read what it sent until its replies are all here.
+        while !matches!(replies_tail(&over_tls), Some((NBD_OPT_GO, OptionReply::Ack))) {
+            let n = tls.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the server closed before its GO reply");
+            over_tls.extend_from_slice(&buf[..n]);
+        }
+        let got = replies(&over_tls);
+        assert!(
+            matches!(
+                got[0],
+                (NBD_OPT_STARTTLS, OptionReply::Error { error: RepError::Invalid, .. })
+            ),
+            "{got:?}"
+        );
+    }
+
+    /// The last whole reply in `bytes`, if they end on a reply boundary.
+    fn replies_tail(bytes: &[u8]) -> Option<(u32, OptionReply)> {
+        let mut buf = BytesMut::from(bytes);
+        let mut last = None;
+        while let Ok(Some(raw)) = decode_option_reply(&mut buf) {
+            last = Some((raw.option, OptionReply::parse(&raw).unwrap()));
+        }
+        buf.is_empty().then_some(last).flatten()
+    }
 }

@@ -196,6 +196,10 @@ mod tests {
         let sample = include_str!("../../../deploy/fallow-node.toml");
         let file: ConfigFile = toml::from_str(sample).unwrap();
         assert!(file.listen.is_some());
+        // Commented-out settings parse too once uncommented.
+        let uncommented = sample.replace("# node_tls =", "node_tls =");
+        let file: ConfigFile = toml::from_str(&uncommented).unwrap();
+        assert_eq!(file.node_tls, Some("/etc/fallow/tls".into()));
     }
 
     #[test]

@@ -380,6 +380,18 @@ fn error_replies_carry_a_message() {
     }
 }
 
+/// The frame a TLS node sends, in the clear, to a client that began without TLS: op 0,
+/// status 13, id 0, then the message.
+#[test]
+fn tls_required_frame() {
+    let mut buf = bytes::BytesMut::new();
+    fallow_proto::fallow::encode_error(&mut buf, 0, 0, Status::TlsRequired, "tls");
+    let mut expected = vec![15, 0, 0, 0, 0x00, 13, 0, 0];
+    expected.extend([0; 8]);
+    expected.extend(b"tls");
+    assert_eq!(&buf[..], &expected[..]);
+}
+
 #[test]
 fn put_hashes_and_reply() {
     // pool 9, two keys, then per key: hash (16 bytes, little-endian u128), CRC-32C.
