@@ -17,7 +17,7 @@ use fallow_pool::{Engine, EngineBuilder};
 /// The exports and their caches, shared by `fallow nbd` and `fallow vhost`.
 #[derive(Debug, Args)]
 pub struct ExportArgs {
-    /// An export: NAME=file:PATH[,size=SIZE] | NAME=PATH | NAME=mem:SIZE | NAME=nbd://… |
+    /// An export: NAME=file:PATH[,size=SIZE] | NAME=PATH | NAME=mem:SIZE | NAME=nbd://… | NAME=nbds://… (TLS) |
     /// NAME=rados:POOL/PREFIX[,size=SIZE][,conf=PATH][,user=NAME][,namespace=NS][,timeout=SECS]
     /// | NAME=pool:SIZE[,uuid=UUID][,backup=PATH] (a disk that lives only in --pool, in a
     /// persistent pool of its own: pages never written read as zeros, writes must be whole

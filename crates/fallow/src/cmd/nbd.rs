@@ -16,7 +16,8 @@ use super::tls::{nbd_scheme, NbdTlsArgs};
 ///
 /// Each `--export NAME=BACKING` is one export; BACKING is a file or block device
 /// (`file:PATH`, or just a path; `file:PATH,size=SIZE` creates a sparse image if missing),
-/// a RAM disk (`mem:SIZE`), an upstream NBD server (`nbd://HOST:PORT/EXPORT`) or, in a
+/// a RAM disk (`mem:SIZE`), an upstream NBD server (`nbd://HOST:PORT/EXPORT`; over TLS
+/// `nbds://HOST:PORT/EXPORT?tls-certificates=DIR` or `?tls-psk-file=FILE`) or, in a
 /// build with the `rados` feature, a Ceph RADOS image striped over 4 MiB objects
 /// (`rados:POOL/PREFIX[,size=SIZE][,conf=PATH][,user=NAME][,namespace=NS][,timeout=SECS]`: `size=`
 /// creates it if missing; the configuration defaults to $CEPH_CONF, then

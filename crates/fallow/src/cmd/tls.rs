@@ -55,7 +55,8 @@ impl NbdTlsArgs {
             return Ok(TlsPolicy::Off);
         }
         if !has_credentials {
-            bail!("--tls {:?} needs --tls-certificates DIR or --tls-psk FILE", self.tls);
+            let mode = if self.tls == TlsMode::On { "on" } else { "require" };
+            bail!("--tls {mode} needs --tls-certificates DIR or --tls-psk FILE");
         }
         let server = TlsServer::new(&ServerOptions {
             certificates: self.tls_certificates.clone(),
