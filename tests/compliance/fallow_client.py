@@ -10,6 +10,16 @@ no reconnects.
         pool = c.create_pool(persistent=True)
         c.put(pool, [(1, 0, b"\\xab" * 4096)])
         assert c.get(pool, [(1, 0)]) == [b"\\xab" * 4096]
+
+A node run with `--node-tls DIR` speaks the protocol inside TLS 1.3 on TCP: give the client
+the CA certificate the node's certificate chains to, `DIR/ca-cert.pem`:
+
+    Client.connect("127.0.0.1", 7400, secret, tls_ca="DIR/ca-cert.pem")
+
+The client then checks the node's certificate against that CA and the host dialled (an IP
+address must be among the certificate's IP subject alternative names); a failed check
+raises ssl.SSLError (ssl.SSLCertVerificationError for a certificate). A client that
+connects in the clear to such a node gets TlsRequired.
 """
 
 import hashlib
@@ -17,6 +27,7 @@ import hmac
 import ipaddress
 import os
 import socket
+import ssl
 import struct
 
 # --- Constants (docs/protocol.md, "Conventions" and "Limits") --------------------------------
@@ -65,6 +76,7 @@ SHARED_POOL_MISMATCH = 9
 TOO_MANY_POOLS = 10
 INTERNAL = 11
 BAD_FRAME = 12
+TLS_REQUIRED = 13  # a node with --node-tls, reached in the clear: one frame, then close
 
 STATUS_NAMES = {
     OK: "OK",
@@ -80,10 +92,11 @@ STATUS_NAMES = {
     TOO_MANY_POOLS: "TOO_MANY_POOLS",
     INTERNAL: "INTERNAL",
     BAD_FRAME: "BAD_FRAME",
+    TLS_REQUIRED: "TLS_REQUIRED",
 }
 
 # Statuses after which the node closes the connection.
-CLOSING = {NOT_AUTHENTICATED, AUTH_FAILED, UNSUPPORTED_VERSION, BAD_FRAME}
+CLOSING = {NOT_AUTHENTICATED, AUTH_FAILED, UNSUPPORTED_VERSION, BAD_FRAME, TLS_REQUIRED}
 
 # PUT outcome codes.
 STORED = 0
@@ -126,6 +139,39 @@ class StatusError(Exception):
         else:
             detail = body.decode("utf-8", "replace")
         super().__init__("op 0x%02x: %s: %s" % (op, status_name(status), detail))
+
+
+class TlsRequired(StatusError):
+    """The node speaks only TLS on this address and the client connected in the clear: it
+    answered the first bytes with one TLS_REQUIRED frame (op 0, id 0) and closed. Connect
+    again with tls_ca."""
+
+    def __init__(self, body):
+        super().__init__(0, TLS_REQUIRED, body)
+        self.args = ("the node requires TLS (connect with tls_ca=the CA's ca-cert.pem): %s"
+                     % body.decode("utf-8", "replace"),)
+
+
+def tls_context(tls_ca):
+    """A client context that trusts only the CA certificate at `tls_ca`, checks the node's
+    name or address, and speaks TLS 1.3 only, as the node does."""
+    context = ssl.create_default_context(cafile=tls_ca)
+    context.minimum_version = ssl.TLSVersion.TLSv1_3
+    return context
+
+
+def open_socket(host, port, timeout=10.0, tls_ca=None):
+    """A connected TCP socket (TCP_NODELAY), inside TLS when `tls_ca` (the path of a CA
+    certificate) is given; the TLS handshake is done before it returns."""
+    sock = socket.create_connection((host, port), timeout=timeout)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if tls_ca is not None:
+            sock = tls_context(tls_ca).wrap_socket(sock, server_hostname=host)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def read_secret(path):
@@ -291,12 +337,13 @@ class Client:
     # Connection and handshake.
 
     @classmethod
-    def connect(cls, host, port, secret, client_id=None, name="fallow_client.py", timeout=10.0):
-        """Connects, says HELLO, authenticates and checks the node's proof."""
+    def connect(cls, host, port, secret, client_id=None, name="fallow_client.py", timeout=10.0,
+                tls_ca=None):
+        """Connects, says HELLO, authenticates and checks the node's proof. With `tls_ca`
+        (the path of the CA certificate of a node run with --node-tls), inside TLS 1.3."""
         if client_id is None:
             client_id = int.from_bytes(os.urandom(16), "little")
-        sock = socket.create_connection((host, port), timeout=timeout)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = open_socket(host, port, timeout, tls_ca)
         try:
             return cls._handshake(sock, secret, client_id, name)
         except BaseException:
@@ -308,6 +355,8 @@ class Client:
         raw = RawConnection(sock)
         raw.send(encode_frame(OP_HELLO, 1, hello_body(client_id, name)))
         op, status, rid, body = raw.recv_frame()
+        if status == TLS_REQUIRED and (op, rid) == (0, 0):
+            raise TlsRequired(body)
         if (op, rid) != (OP_HELLO, 1):
             raise ProtocolError("HELLO answered with op 0x%02x id %d" % (op, rid))
         if status != OK:
@@ -498,8 +547,8 @@ class RawConnection:
         self.buf = bytearray() if buf is None else buf
 
     @classmethod
-    def open(cls, host, port, timeout=10.0):
-        return cls(socket.create_connection((host, port), timeout=timeout))
+    def open(cls, host, port, timeout=10.0, tls_ca=None):
+        return cls(open_socket(host, port, timeout, tls_ca))
 
     def send(self, data):
         self.sock.sendall(data)

@@ -144,6 +144,16 @@ pub(crate) async fn serve(
     node.metrics().connections.dec();
 }
 
+/// How a connection to a TLS listener began.
+enum Opening {
+    /// With a TLS handshake, now done.
+    Tls(Box<dyn Stream>),
+    /// In the clear: refused with `TLS_REQUIRED`.
+    Plaintext,
+    /// With nothing: the peer closed at once.
+    Probe,
+}
+
 /// The TLS handshake on a TCP connection to a node with `--node-tls`. A peer that begins in
 /// the clear gets one `TLS_REQUIRED` frame it can read, instead of a handshake it would
 /// wait on; then the connection closes. Either failure is logged and counted.
@@ -155,21 +165,39 @@ async fn secure(
 ) -> Option<Box<dyn Stream>> {
     let secured = tokio::time::timeout(node.config().handshake_timeout, async {
         let mut first = vec![0u8; 3];
-        stream.read_exact(&mut first).await?;
+        let mut got = 0;
+        while got < first.len() {
+            match stream.read(first.get_mut(got..).unwrap_or_default()).await? {
+                // A probe (a health check, a port scan) that connects and closes.
+                0 if got == 0 => return Ok(Opening::Probe),
+                0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                n => got += n,
+            }
+        }
         if !fallow_tls::looks_like_tls(&first) {
             let mut out = BytesMut::new();
             let message = "this node speaks only TLS here: connect with --node-tls DIR";
             encode_error(&mut out, 0, 0, Status::TlsRequired, message);
             let _ = stream.write_all(&out).await;
-            return Ok(None);
+            // Closing with the rest of the peer's HELLO unread would reset the connection,
+            // and a reset may overtake the frame: half-close, and read what is left.
+            let _ = stream.shutdown().await;
+            let mut sink = [0u8; 512];
+            for _ in 0..8 {
+                if matches!(stream.read(&mut sink).await, Ok(0) | Err(_)) {
+                    break;
+                }
+            }
+            return Ok(Opening::Plaintext);
         }
         let stream: Box<dyn Stream> = Box::new(tls.accept(Prefixed::new(first, stream)).await?);
-        Ok::<_, std::io::Error>(Some(stream))
+        Ok::<_, std::io::Error>(Opening::Tls(stream))
     })
     .await;
     match secured {
-        Ok(Ok(Some(stream))) => return Some(stream),
-        Ok(Ok(None)) => {
+        Ok(Ok(Opening::Tls(stream))) => return Some(stream),
+        Ok(Ok(Opening::Probe)) => tracing::debug!(%peer, "closed before sending anything"),
+        Ok(Ok(Opening::Plaintext)) => {
             tracing::warn!(%peer, "plaintext connection refused: this node requires TLS");
             node.metrics().reject("tls_required");
         }

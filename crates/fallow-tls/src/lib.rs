@@ -25,12 +25,13 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use openssl::asn1::Asn1Time;
 use openssl::error::ErrorStack;
 use openssl::ssl::{
     Ssl, SslAcceptor, SslConnector, SslContext, SslFiletype, SslMethod, SslOptions, SslRef,
     SslVerifyMode, SslVersion,
 };
-use openssl::x509::{X509Name, X509VerifyResult};
+use openssl::x509::{X509Name, X509VerifyResult, X509};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 pub use tokio_openssl::SslStream;
 
@@ -144,6 +145,7 @@ impl TlsServer {
                 .set_private_key_file(&key, SslFiletype::PEM)
                 .map_err(|e| TlsError::openssl(&key, e))?;
             builder.check_private_key().map_err(|e| TlsError::openssl(&key, e))?;
+            check_validity(&cert)?;
             summary.push(format!("certificate {}", cert.display()));
             if options.verify_peer {
                 readable(&ca)?;
@@ -389,6 +391,33 @@ fn copy_key(key: Option<&[u8]>, out: &mut [u8]) -> usize {
         }
         None => 0,
     }
+}
+
+/// How long before its end a certificate in use is warned about at start.
+const EXPIRY_WARNING_DAYS: u32 = 30;
+
+/// Refuses a server certificate that is not valid now, as QEMU does: every client would
+/// refuse it, one handshake at a time, far from the cause. Warns when it ends within
+/// [`EXPIRY_WARNING_DAYS`].
+fn check_validity(path: &Path) -> Result<(), TlsError> {
+    let pem = std::fs::read(path).map_err(|e| TlsError::file(path, e))?;
+    let chain = X509::stack_from_pem(&pem).map_err(|e| TlsError::openssl(path, e))?;
+    let Some(cert) = chain.first() else {
+        return Err(TlsError::Invalid { path: path.into(), why: "no certificate".into() });
+    };
+    let now = Asn1Time::days_from_now(0)?;
+    if cert.not_after() < now {
+        let why = format!("the certificate expired on {}", cert.not_after());
+        return Err(TlsError::Invalid { path: path.into(), why });
+    }
+    if cert.not_before() > now {
+        let why = format!("the certificate is not valid before {}", cert.not_before());
+        return Err(TlsError::Invalid { path: path.into(), why });
+    }
+    if cert.not_after() < Asn1Time::days_from_now(EXPIRY_WARNING_DAYS)? {
+        tracing::warn!(path = %path.display(), not_after = %cert.not_after(), "the TLS certificate expires soon");
+    }
+    Ok(())
 }
 
 fn readable(path: &Path) -> Result<(), TlsError> {
