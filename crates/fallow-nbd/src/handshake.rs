@@ -109,8 +109,10 @@ pub enum HandshakeError {
     /// error reply (EXPORT_NAME, or a client without fixed newstyle).
     #[error("{0}")]
     TlsRequired(String),
-    /// The TLS handshake after STARTTLS failed (a certificate or key the server does not
-    /// accept, or a client that does not trust the server's).
+    /// The TLS handshake after STARTTLS failed: a key or client certificate the server
+    /// does not accept, or a client that refuses the server's certificate during the
+    /// handshake (libnbd). A client that checks the certificate after its handshake
+    /// (QEMU) closes the connection instead, which shows as [`HandshakeError::Io`].
     #[error("{0}")]
     Tls(std::io::Error),
 }

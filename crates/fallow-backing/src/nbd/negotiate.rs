@@ -34,7 +34,8 @@ pub(super) async fn open(
         let mut input = BytesMut::with_capacity(GULP);
         let mut haggle =
             Haggle { uri, reader: &mut reader, writer: &mut writer, input: &mut input, greeted };
-        let (info, structured, base_allocation) = haggle.negotiate().await?;
+        let (info, structured, base_allocation) =
+            haggle.negotiate().await.map_err(|e| lost_in_negotiation(uri, greeted, e))?;
         let conn = Arc::new(Conn {
             label: format!("{uri} #{slot}"),
             structured,
@@ -58,6 +59,26 @@ pub(super) async fn open(
             format!("{uri}: no answer within {CONNECT_TIMEOUT:?}"),
         )
     })?
+}
+
+/// A connection lost during option haggling, said with the URI (protocol errors name it
+/// already). Over TLS 1.3 a server's verdict on the client's certificate comes after the
+/// client's side of the handshake is done, so a refusal shows here, as a closed
+/// connection: the message says so.
+fn lost_in_negotiation(uri: &NbdUri, tls: bool, err: io::Error) -> io::Error {
+    if err.kind() == io::ErrorKind::InvalidData {
+        return err;
+    }
+    let hint = if tls {
+        " (over TLS, this is also how a server refuses a client certificate it does not \
+         accept, or the lack of one)"
+    } else {
+        ""
+    };
+    io::Error::new(
+        err.kind(),
+        format!("{uri}: the connection failed during negotiation: {err}{hint}"),
+    )
 }
 
 /// Opens the connection, starts TLS with `NBD_OPT_STARTTLS` as its first option, and
@@ -267,8 +288,13 @@ impl Haggle<'_> {
                     let _ = self.send(Opt::Abort).await;
                     let why = match error {
                         RepError::TlsReqd => format!(
-                            "the server requires TLS ({message}): use nbds:// with \
-                             tls-certificates=DIR or tls-psk-file=FILE"
+                            "the server requires TLS{}: use nbds:// with \
+                             tls-certificates=DIR or tls-psk-file=FILE",
+                            if message.is_empty() {
+                                String::new()
+                            } else {
+                                format!(" ({message})")
+                            }
                         ),
                         _ => format!("export refused ({error:?}): {message}"),
                     };
