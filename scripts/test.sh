@@ -33,6 +33,11 @@ command -v nft >/dev/null || packages+=(nftables)
 command -v openssl >/dev/null || packages+=(openssl)
 command -v pkg-config >/dev/null || packages+=(pkg-config)
 [ -e /usr/include/openssl/ssl.h ] || packages+=(libssl-dev)
+# deploy/prometheus: the alerting rules are checked and unit-tested with promtool
+# (crates/fallow/tests/deploy_rules.rs, scripts/check-deploy.sh), which comes with
+# Debian's Prometheus server; the server itself must not start (below).
+promtool_packages=()
+command -v promtool >/dev/null || promtool_packages+=(prometheus)
 # The RADOS store (cargo feature `rados`) links against librados, and its tests start a
 # throwaway single-node Ceph cluster (tests/ceph/): a monitor, an OSD and the ceph/rados
 # tools. Installed without recommends, which would add a manager and an MDS.
@@ -41,12 +46,24 @@ command -v ceph-mon >/dev/null || ceph_packages+=(ceph-mon)
 command -v ceph-osd >/dev/null || ceph_packages+=(ceph-osd)
 command -v rados >/dev/null || ceph_packages+=(ceph-common)
 [ -e /usr/include/rados/librados.h ] || ceph_packages+=(librados-dev)
-if ((${#packages[@]} + ${#ceph_packages[@]})) ||
+if ((${#packages[@]} + ${#ceph_packages[@]} + ${#promtool_packages[@]})) ||
     ! apt-cache policy busybox-static | grep -q 'Candidate: [0-9]'; then
     apt-get -o DPkg::Lock::Timeout=600 update
 fi
 if ((${#packages[@]})); then
     DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y "${packages[@]}"
+fi
+if ((${#promtool_packages[@]})); then
+    # policy-rc.d exiting 101 is Debian's "start no service": the package would otherwise
+    # start a Prometheus server on machines without systemd.
+    policy=/usr/sbin/policy-rc.d
+    added_policy=0
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 0755 "$policy" && added_policy=1
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y \
+        --no-install-recommends "${promtool_packages[@]}"
+    if ((added_policy)); then rm -f "$policy"; fi
 fi
 # The guest tests (crates/fallow/tests/guest.rs) boot Debian's cloud kernel under
 # qemu-system-x86_64, with an initramfs put together from `apt-get download`ed packages

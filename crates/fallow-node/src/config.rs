@@ -112,6 +112,9 @@ pub struct ConfigFile {
     pub secret_file: Option<PathBuf>,
     /// Directory of the node protocol's TLS credentials, as for `--node-tls`.
     pub node_tls: Option<PathBuf>,
+    /// The log filter (`info`, `debug`, `fallow_node=debug,warn`, …); `FALLOW_LOG` wins.
+    /// Changes on SIGHUP.
+    pub log: Option<String>,
     /// Address of the Prometheus endpoint.
     pub metrics: Option<String>,
     /// Eviction policy of ephemeral pages.

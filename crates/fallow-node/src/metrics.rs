@@ -46,6 +46,11 @@ struct Kind {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Outcome {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabel {
     state: &'static str,
 }
@@ -89,6 +94,7 @@ pub struct Metrics {
     /// Connections accepted since start.
     pub connections_total: Counter,
     rejections: Family<Kind, Counter>,
+    reloads: Family<Outcome, Counter>,
     engine: EngineGauges,
     cluster: ClusterGauges,
     forwarding: ForwardGauges,
@@ -173,6 +179,7 @@ impl Metrics {
         let connections = Gauge::default();
         let connections_total = Counter::default();
         let rejections = Family::<Kind, Counter>::default();
+        let reloads = Family::<Outcome, Counter>::default();
         let engine = EngineGauges::default();
         let cluster = ClusterGauges::default();
         let forwarding = ForwardGauges {
@@ -202,6 +209,8 @@ impl Metrics {
              "Connections accepted"),
             ("protocol_errors", rejections,
              "Bad input and misbehaving peers, by kind (bad_frame, malformed, auth_failed, ...)"),
+            ("config_reloads", reloads,
+             "Config file reloads on SIGHUP, by result (applied, failed)"),
             ("lent_bytes", engine.lent,
              "The lent budget"),
             ("mapped_bytes", engine.mapped,
@@ -295,6 +304,7 @@ impl Metrics {
             connections,
             connections_total,
             rejections,
+            reloads,
             engine,
             cluster,
             forwarding,
@@ -355,6 +365,12 @@ impl Metrics {
     /// Counts one instance of bad input or a misbehaving peer.
     pub fn reject(&self, kind: &'static str) {
         self.rejections.get_or_create(&Kind { kind }).inc();
+    }
+
+    /// Counts a config reload (SIGHUP) that was applied, or not.
+    pub fn reloaded(&self, applied: bool) {
+        let result = if applied { "applied" } else { "failed" };
+        self.reloads.get_or_create(&Outcome { result }).inc();
     }
 
     /// How many rejections of `kind` were counted (for tests and `fallow stat`).

@@ -11,7 +11,7 @@ use fallow_pool::Engine;
 use crate::clients::Clients;
 use crate::config::NodeConfig;
 use crate::forward::Forwarder;
-use crate::lending::{GovernorHandle, GovernorStatus};
+use crate::lending::{Governor, GovernorError, GovernorHandle, GovernorStatus, LendMode};
 use crate::metrics::Metrics;
 use crate::summary::Summaries;
 
@@ -23,7 +23,8 @@ pub struct Node {
     node_id: u128,
     clients: Clients,
     metrics: Metrics,
-    lending: Option<GovernorHandle>,
+    /// The lending governor: replaced whole when a reload changes how much to lend.
+    lending: parking_lot::Mutex<Option<GovernorHandle>>,
     /// Set once by `Server::start` when the node gossips: membership needs the bound
     /// addresses, which exist only after the listeners are.
     cluster: OnceLock<Cluster>,
@@ -45,7 +46,7 @@ impl Node {
             node_id: rand::random(),
             clients: Clients::default(),
             metrics: Metrics::new(),
-            lending,
+            lending: parking_lot::Mutex::new(lending),
             cluster: OnceLock::new(),
             forwarder: Forwarder::default(),
             summaries,
@@ -80,7 +81,23 @@ impl Node {
 
     /// The lending governor's state, if the node has one.
     pub fn lending_status(&self) -> Option<GovernorStatus> {
-        self.lending.as_ref().map(|l| l.status())
+        self.lending.lock().as_ref().map(|l| l.status())
+    }
+
+    /// Lends as `mode` says from now on (a config reload): the running governor stops
+    /// (after at most its tick), and one for `mode` starts, which applies a fixed size at
+    /// once and takes its first sample of the host before this returns. `mode` is checked
+    /// before anything stops, so a bad one leaves the running governor as it was.
+    pub fn relend(&self, mode: &LendMode) -> Result<(), GovernorError> {
+        if let LendMode::Auto(config) = mode {
+            config.validate()?;
+        }
+        let mut lending = self.lending.lock();
+        if let Some(mut running) = lending.take() {
+            running.stop();
+        }
+        *lending = Some(Governor::start(self.engine.clone(), mode)?);
+        Ok(())
     }
 
     /// The cluster member, when the node gossips.

@@ -44,14 +44,7 @@ fn main() -> std::process::ExitCode {
     } else {
         "warn"
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("FALLOW_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    cmd::logging::init(default_level);
     let result = match cli.command {
         Command::Up(args) => cmd::up::run(args),
         Command::Nbd(args) => cmd::nbd::run(args),

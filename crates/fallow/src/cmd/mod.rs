@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod exports;
+pub mod logging;
 pub mod nbd;
 pub mod node;
 pub mod serving;

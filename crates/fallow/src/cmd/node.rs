@@ -13,6 +13,9 @@ use fallow_node::{ClusterSettings, ConfigFile, ListenAddr, Node, NodeConfig, Ser
 use fallow_pool::{Engine, EngineBuilder};
 
 use super::serving::{read_polling, server_runtime, PollingArgs};
+use tokio::signal::unix::{signal, SignalKind};
+
+use super::logging;
 use super::tls::{node_tls_client, node_tls_server, NodeTlsArgs};
 
 /// The default address: loopback only, so a node is never exposed by accident.
@@ -36,9 +39,11 @@ const DEFAULT_LISTEN: &str = "127.0.0.1:7400";
 /// lower latency, for up to a core per busy connection (docs/concurrency.md, "Polling").
 ///
 /// Settings can also come from a TOML file (`--config`; sample in deploy/); a flag wins
-/// over the file. Logs go to stderr (level from FALLOW_LOG, default info). SIGTERM or
-/// SIGINT stops the node cleanly (and tells the cluster it left).
-#[derive(Debug, Args)]
+/// over the file. SIGHUP reads the file again: `lend`, `reserve` and `log` change at once,
+/// and the node logs which other settings changed (they wait for a restart). Logs go to
+/// stderr (filter from FALLOW_LOG, else the file's `log`, else info). SIGTERM or SIGINT
+/// stops the node cleanly (and tells the cluster it left).
+#[derive(Debug, Clone, Args)]
 pub struct NodeArgs {
     /// A TOML config file (see deploy/fallow-node.toml).
     #[arg(long, value_name = "FILE")]
@@ -114,6 +119,10 @@ struct Settings {
     policy: String,
     /// `--cpus`: the runtime's workers, one pinned to each.
     cpus: Option<CpuList>,
+    /// The file's log filter.
+    log: Option<String>,
+    /// `--node-tls`: the credentials' directory.
+    tls_dir: Option<PathBuf>,
 }
 
 fn settings(args: NodeArgs) -> anyhow::Result<Settings> {
@@ -167,7 +176,7 @@ fn settings(args: NodeArgs) -> anyhow::Result<Settings> {
     };
     let mut config = NodeConfig::new(listen, secret);
     config.metrics = metrics;
-    let tls_dir = args.node_tls.node_tls.or(file.node_tls);
+    let tls_dir = args.node_tls.node_tls.clone().or(file.node_tls.clone());
     if let (Some(server), Some(client)) =
         (node_tls_server(tls_dir.as_deref())?, node_tls_client(tls_dir.as_deref())?)
     {
@@ -224,7 +233,7 @@ fn settings(args: NodeArgs) -> anyhow::Result<Settings> {
         .policy
         .or(file.policy)
         .unwrap_or_else(|| fallow_pool::eviction::DEFAULT_POLICY.to_string());
-    Ok(Settings { config, lend, policy, cpus })
+    Ok(Settings { config, lend, policy, cpus, log: file.log, tls_dir })
 }
 
 /// Gossip settings from the flags, else the file (each argument is a flag's value and the
@@ -261,9 +270,12 @@ fn cluster_settings(
     Ok(gossips.then_some(ClusterSettings { gossip, join, advertise }))
 }
 
-/// Runs a node until SIGTERM or SIGINT.
+/// Runs a node until SIGTERM or SIGINT; reloads its config file on SIGHUP.
 pub fn run(args: NodeArgs) -> anyhow::Result<()> {
-    let settings = settings(args)?;
+    let mut settings = settings(args.clone())?;
+    if let (Some(spec), false) = (&settings.log, logging::set_by_environment()) {
+        logging::set_filter(spec)?;
+    }
     // The budget starts at zero; the governor sizes it before the first client connects.
     let most = usize::try_from(settings.lend.most_bytes()).unwrap_or(usize::MAX);
     let engine_config = EngineBuilder::new(0)
@@ -274,7 +286,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     let engine = Arc::new(Engine::new(engine_config));
     let governor = Governor::start(engine.clone(), &settings.lend).context("lending governor")?;
     let poll_us = settings.config.read_polling.window.as_micros();
-    let node = Arc::new(Node::new(engine, settings.config, Some(governor)));
+    let node = Arc::new(Node::new(engine, settings.config.clone(), Some(governor)));
     let runtime = server_runtime("fallow-node", settings.cpus.as_ref())?;
     runtime.block_on(async move {
         let server = Server::start(node.clone()).await?;
@@ -288,18 +300,108 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
             policy = %settings.policy,
             poll_us,
             cpus = %settings.cpus.as_ref().map_or("any".to_string(), CpuList::to_string),
-            "fallow node ready"
+            "node started"
         );
-        wait_for_signal().await?;
+        // Made once, before the loop: a signal that comes while no stream listens is lost.
+        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+        let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+        let mut hangup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+        loop {
+            tokio::select! {
+                _ = term.recv() => break tracing::info!("SIGTERM received"),
+                _ = int.recv() => break tracing::info!("SIGINT received"),
+                _ = hangup.recv() => {
+                    let (args, node) = (args.clone(), node.clone());
+                    // Reading files and stopping a governor thread block: off the runtime.
+                    settings = tokio::task::spawn_blocking(move || {
+                        reload(&args, settings, &node)
+                    })
+                    .await
+                    .context("the reload task")?;
+                }
+            }
+        }
         tracing::info!("stopping");
         server.shutdown().await;
         Ok(())
     })
 }
 
+/// SIGHUP: reads the config file again (the flags still win over it), applies what can
+/// change while the node runs (`lend`, `reserve`, `log`), and logs the other settings
+/// that changed, which wait for a restart. A file that does not load, or settings that do
+/// not hold, change nothing. Returns the settings now in force.
+fn reload(args: &NodeArgs, mut running: Settings, node: &Node) -> Settings {
+    let Some(path) = &args.config else {
+        tracing::info!("SIGHUP: no --config file to reload");
+        return running;
+    };
+    tracing::info!(path = %path.display(), "SIGHUP: reloading the config file");
+    let new = match settings(args.clone()) {
+        Ok(new) => new,
+        Err(err) => {
+            tracing::error!(error = %format!("{err:#}"), "reload failed; the running settings stay");
+            node.metrics().reloaded(false);
+            return running;
+        }
+    };
+    let mut applied = Vec::new();
+    if new.lend != running.lend {
+        if let Err(err) = node.relend(&new.lend) {
+            tracing::error!(%err, "reload failed; the running settings stay");
+            node.metrics().reloaded(false);
+            return running;
+        }
+        applied.push(format!("lend {} (was {})", new.lend, running.lend));
+        running.lend = new.lend.clone();
+    }
+    if new.log != running.log && !logging::set_by_environment() {
+        let spec = new.log.as_deref().unwrap_or("info");
+        match logging::set_filter(spec) {
+            Ok(()) => applied.push(format!("log {spec}")),
+            Err(err) => tracing::error!(error = %format!("{err:#}"), "the log filter stays"),
+        }
+        running.log = new.log.clone();
+    }
+    let waiting = restart_only_changes(&running, &new);
+    if !waiting.is_empty() {
+        tracing::warn!(
+            settings = %waiting.join(", "),
+            "changed in the config file; they take effect when the node restarts"
+        );
+    }
+    let applied = if applied.is_empty() { "nothing".to_string() } else { applied.join(", ") };
+    tracing::info!(%applied, "config reloaded");
+    node.metrics().reloaded(true);
+    running
+}
+
+/// The settings that differ between `running` and `new` and cannot change while the node
+/// runs: its sockets, secret, engine, runtime and cluster are made once, at start.
+fn restart_only_changes(running: &Settings, new: &Settings) -> Vec<&'static str> {
+    let (a, b) = (&running.config, &new.config);
+    [
+        ("listen", a.listen != b.listen),
+        ("secret_file", a.secret != b.secret),
+        ("metrics", a.metrics != b.metrics),
+        ("node_tls", running.tls_dir != new.tls_dir),
+        ("policy", running.policy != new.policy),
+        ("client_lease_secs", a.client_lease != b.client_lease),
+        ("max_connections", a.max_connections != b.max_connections),
+        ("write_timeout_secs", a.write_timeout != b.write_timeout),
+        ("join/gossip/advertise", a.cluster != b.cluster),
+        ("forward_timeout_ms", a.forward_timeout != b.forward_timeout),
+        ("summary_*", a.summary != b.summary),
+        ("poll_us", a.read_polling != b.read_polling),
+        ("cpus", running.cpus != new.cpus),
+    ]
+    .into_iter()
+    .filter_map(|(name, changed)| changed.then_some(name))
+    .collect()
+}
+
 /// Waits for SIGTERM or SIGINT.
 pub(crate) async fn wait_for_signal() -> anyhow::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     tokio::select! {
