@@ -272,6 +272,17 @@ impl CacheLayer {
         self.shared.dirty.bytes()
     }
 
+    /// How long the oldest dirty page has waited for the backing store (write-back), if
+    /// there is one. Visits every dirty page: for metrics, not for a hot path.
+    pub fn dirty_oldest_age(&self) -> Option<Duration> {
+        self.shared.dirty.oldest_age()
+    }
+
+    /// When writes are acknowledged, and the write-back limits.
+    pub fn write_policy(&self) -> WritePolicy {
+        self.shared.config.write
+    }
+
     /// False while the pool is skipped after a failed invalidation.
     pub fn pool_trusted(&self) -> bool {
         self.shared.pool_trusted.load(Relaxed)

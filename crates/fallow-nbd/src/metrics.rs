@@ -9,6 +9,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use fallow_cache::WritePolicy;
 use fallow_net::{advance_counter, advance_seconds};
 
 use prometheus_client::encoding::text::encode;
@@ -117,7 +118,11 @@ pub struct NbdMetrics {
     pool_errors: Family<ExportLabel, Counter>,
     pool_trusted: Family<ExportLabel, Gauge>,
     dirty_bytes: Family<ExportLabel, Gauge>,
+    dirty_oldest_age: Family<ExportLabel, Gauge<f64, AtomicU64>>,
+    dirty_limit_bytes: Family<ExportLabel, Gauge>,
+    dirty_age_limit: Family<ExportLabel, Gauge<f64, AtomicU64>>,
     written_back: Family<ExportLabel, Counter>,
+    write_back_errors: Family<ExportLabel, Counter>,
     export_size: Family<ExportLabel, Gauge>,
     local_tier_pages: Family<ExportLabel, Gauge>,
     pool_puts: Family<ExportLabel, Counter>,
@@ -209,6 +214,30 @@ impl NbdMetrics {
             "Bytes acknowledged but not yet in the backing store (write-back)",
             dirty_bytes.clone(),
         );
+        let dirty_oldest_age = Family::<ExportLabel, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "dirty_oldest_age_seconds",
+            "How long the oldest dirty page has waited for the backing store (0 when none)",
+            dirty_oldest_age.clone(),
+        );
+        let dirty_limit_bytes = Family::<ExportLabel, Gauge>::default();
+        registry.register(
+            "dirty_limit_bytes",
+            "Write-back: the most dirty bytes before writes wait (--max-dirty)",
+            dirty_limit_bytes.clone(),
+        );
+        let dirty_age_limit = Family::<ExportLabel, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "dirty_age_limit_seconds",
+            "Write-back: the age at which the flusher writes a dirty page (--max-dirty-age)",
+            dirty_age_limit.clone(),
+        );
+        let write_back_errors = Family::<ExportLabel, Counter>::default();
+        registry.register(
+            "write_back_errors",
+            "Write-back writes the backing store failed (the pages stay dirty and are retried)",
+            write_back_errors.clone(),
+        );
         let written_back = Family::<ExportLabel, Counter>::default();
         registry.register(
             "written_back_pages",
@@ -261,7 +290,11 @@ impl NbdMetrics {
             pool_errors,
             pool_trusted,
             dirty_bytes,
+            dirty_oldest_age,
+            dirty_limit_bytes,
+            dirty_age_limit,
             written_back,
+            write_back_errors,
             export_size,
             local_tier_pages,
             pool_puts,
@@ -343,6 +376,16 @@ impl NbdMetrics {
             advance_counter(&self.pool_errors.get_or_create(&label), s.pool_errors.load(Relaxed));
             set(&self.pool_trusted.get_or_create(&label), export.cache.pool_trusted() as u64);
             set(&self.dirty_bytes.get_or_create(&label), export.cache.dirty_bytes());
+            if let WritePolicy::Back { max_dirty_bytes, max_age } = export.cache.write_policy() {
+                let age = export.cache.dirty_oldest_age().unwrap_or_default();
+                self.dirty_oldest_age.get_or_create(&label).set(age.as_secs_f64());
+                set(&self.dirty_limit_bytes.get_or_create(&label), max_dirty_bytes);
+                self.dirty_age_limit.get_or_create(&label).set(max_age.as_secs_f64());
+                advance_counter(
+                    &self.write_back_errors.get_or_create(&label),
+                    s.write_back_errors.load(Relaxed),
+                );
+            }
             advance_counter(&self.written_back.get_or_create(&label), s.written_back.load(Relaxed));
             set(&self.export_size.get_or_create(&label), export.size());
             set(&self.local_tier_pages.get_or_create(&label), export.cache.local_pages() as u64);
