@@ -41,8 +41,9 @@ pub struct NbdServer {
 }
 
 impl NbdServer {
-    /// Binds every address and serves `exports` (the first is also the default export)
-    /// on the current tokio runtime; serves Prometheus metrics on `metrics` if given.
+    /// Binds every address (none: the sockets the service manager handed over) and serves
+    /// `exports` (the first is also the default export) on the current tokio runtime;
+    /// serves Prometheus metrics on `metrics` if given.
     pub async fn start(
         listen: &[ListenAddr],
         exports: Vec<Arc<Export>>,
@@ -68,8 +69,7 @@ impl NbdServer {
         let counters = Arc::new(NbdMetrics::new());
         let mut bound = Vec::new();
         let mut unix_paths = Vec::new();
-        for addr in listen {
-            let listener = Listener::bind(addr).await?;
+        for listener in Listener::bind_all(listen).await? {
             let local = listener.local_addr()?;
             tracing::info!(addr = %local, "NBD listening");
             if let ListenAddr::Unix(path) = &local {

@@ -3,7 +3,8 @@
 //! server as one boxed stream so that a server is written once for both kinds.
 //!
 //! # Components
-//! [`Listener`]: one bound socket. [`spawn_accept_loop`]: its accept loop.
+//! [`Listener`]: one bound socket, or one handed over by the service manager
+//! ([`activation`]). [`spawn_accept_loop`]: its accept loop.
 //! [`busy_poll`]: connections that poll their socket before they park (`--poll-us`).
 //! [`serve_metrics`]: a Prometheus `/metrics` endpoint. [`cpus::CpuList`]: the CPUs a
 //! polling server pins its threads to.
@@ -13,6 +14,7 @@
 // why, in an `expect` on its function.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing))]
 
+pub mod activation;
 pub mod busy_poll;
 pub mod cpus;
 
@@ -54,6 +56,9 @@ impl Listener {
     /// Binds `addr`. A stale Unix socket file (no process listening) is replaced; a live
     /// one, or a file that is not a socket, is an error. Errors name the address.
     pub async fn bind(addr: &ListenAddr) -> io::Result<Listener> {
+        if let Some(inherited) = activation::take_matching(addr) {
+            return Ok(inherited);
+        }
         match addr {
             ListenAddr::Tcp(addr) => TcpListener::bind(addr)
                 .await
@@ -93,9 +98,29 @@ impl Listener {
         }
     }
 
-    /// Removes the socket file of a Unix listener (after it has stopped).
+    /// Removes the socket file of a Unix listener (after it has stopped), unless the
+    /// service manager made it: that one serves the next run too.
     pub fn remove_socket_file(path: &std::path::Path) {
-        let _ = std::fs::remove_file(path);
+        if !activation::was_inherited(path) {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+
+    /// Binds every address of `listen`; with none, takes every socket the service manager
+    /// handed over ([`activation`]). Errors name the address.
+    pub async fn bind_all(listen: &[ListenAddr]) -> io::Result<Vec<Listener>> {
+        if listen.is_empty() {
+            let inherited = activation::take_all();
+            if inherited.is_empty() {
+                return Err(io::Error::new(io::ErrorKind::InvalidInput, "nothing to listen on"));
+            }
+            return Ok(inherited);
+        }
+        let mut bound = Vec::with_capacity(listen.len());
+        for addr in listen {
+            bound.push(Listener::bind(addr).await?);
+        }
+        Ok(bound)
     }
 }
 

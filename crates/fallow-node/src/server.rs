@@ -39,8 +39,7 @@ impl Server {
         let tasks = TaskTracker::new();
         let mut bound = Vec::new();
         let mut unix_paths = Vec::new();
-        for addr in node.config().listen.clone() {
-            let listener = Listener::bind(&addr).await?;
+        for listener in Listener::bind_all(&node.config().listen).await? {
             let local = listener.local_addr()?;
             match &local {
                 // Tests and scripts read the port chosen for port 0 from this line.

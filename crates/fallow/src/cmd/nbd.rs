@@ -35,7 +35,8 @@ use super::tls::{nbd_scheme, NbdTlsArgs};
 pub struct NbdArgs {
     #[command(flatten)]
     exports: ExportArgs,
-    /// Where to listen: HOST:PORT or unix:PATH. Repeatable [default: 127.0.0.1:10809].
+    /// Where to listen: HOST:PORT or unix:PATH. Repeatable [default: the sockets systemd
+    /// hands over (socket activation), else 127.0.0.1:10809].
     #[arg(long, value_name = "ADDR")]
     listen: Vec<ListenAddr>,
     /// Serve Prometheus metrics at http://ADDR/metrics (requests by command, latency,
@@ -64,21 +65,25 @@ pub(crate) fn export_engine_memory(server: &NbdServer, engine: Arc<Engine>) {
 
 /// Runs the NBD server until SIGTERM or SIGINT.
 pub fn run(args: NbdArgs) -> anyhow::Result<()> {
-    let listen = if args.listen.is_empty() {
-        vec!["127.0.0.1:10809".parse().expect("the default address parses")]
-    } else {
-        args.listen.clone()
-    };
     let polling = args.polling.read_polling()?;
     let tls = args.tls.policy()?;
     let scheme = nbd_scheme(&tls);
     let runtime = server_runtime("fallow-nbd", args.polling.cpus.as_ref())?;
     runtime.block_on(async move {
+        // No --listen: the sockets the service manager handed over, else the default.
+        let listen = match (args.listen.is_empty(), fallow_net::activation::any_left()) {
+            (false, _) => args.listen.clone(),
+            (true, true) => Vec::new(),
+            (true, false) => vec!["127.0.0.1:10809".parse().expect("the default address parses")],
+        };
         let (opened, engine) = open_exports(&args.exports).await?;
         let names: Vec<String> = opened.iter().map(|e| e.name.clone()).collect();
         let exports = nbd_exports(&opened, args.exports.read_only);
         let options = ServerOptions { metrics: args.metrics, polling, tls };
         let server = NbdServer::start_with(&listen, exports, options).await?;
+        if fallow_net::activation::any_left() {
+            tracing::warn!("sockets handed over by the service manager match no --listen address; they are not served");
+        }
         if let Some(engine) = engine {
             export_engine_memory(&server, engine);
         }
