@@ -17,6 +17,33 @@ use std::time::{Duration, Instant};
 /// How long the bounded waits here sleep between two looks.
 const POLL: Duration = Duration::from_millis(20);
 
+/// Makes `cmd` start its program with `socket` as file descriptor 3 and `LISTEN_FDS=1`,
+/// `LISTEN_PID` its own PID: systemd's socket activation, as a test emulates it to keep
+/// one listening socket open across restarts of a server. The program is run through
+/// `sh -c 'LISTEN_PID=$$ … exec PROGRAM ARGS…'` because the PID is known only in the
+/// child; give the program and its arguments with [`Command::arg`] after this call.
+pub fn socket_activated(program: &Path, socket: &impl std::os::fd::AsRawFd) -> Command {
+    let fd = socket.as_raw_fd();
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", "LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" \"$@\""]).arg(program);
+    // SAFETY: between fork and exec only async-signal-safe calls are made: dup2 and fcntl
+    // on descriptors this process owns, and errno is read through std.
+    unsafe {
+        cmd.pre_exec(move || {
+            if fd == 3 {
+                // dup2 onto itself would leave close-on-exec set.
+                if libc::fcntl(3, libc::F_SETFD, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            } else if libc::dup2(fd, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd
+}
+
 /// Whether `tool` is installed: `command -v TOOL` finds it.
 pub fn have(tool: &str) -> bool {
     Command::new("sh")
