@@ -96,6 +96,14 @@ impl LocalTier {
         }
     }
 
+    /// Removes and returns every page.
+    pub fn drain(&self) -> Vec<(u64, Bytes)> {
+        let mut clock = self.clock.lock();
+        clock.index.clear();
+        clock.hand = 0;
+        std::mem::take(&mut clock.slots).into_iter().map(|s| (s.page, s.data)).collect()
+    }
+
     /// Removes a page (invalidation, or a take in exclusive mode); returns it.
     pub fn remove(&self, page: u64) -> Option<Bytes> {
         let mut clock = self.clock.lock();

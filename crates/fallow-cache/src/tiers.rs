@@ -6,9 +6,27 @@ use std::sync::atomic::Ordering::Relaxed;
 use bytes::{Bytes, BytesMut};
 use fallow_core::{PageKey, PutOutcome, PAGE_SIZE};
 
-use crate::{CacheLayer, PoolTier, Shared};
+use crate::{CacheLayer, Mode, PoolTier, Shared};
 
 impl CacheLayer {
+    /// On a clean stop, after the last client and the last dirty page: moves the local
+    /// tier's pages into the pool, where an export started again with the same pool finds
+    /// them (exclusive mode; in inclusive mode the pool holds them already). Returns how
+    /// many pages were offered; the pool may refuse some (full), which costs re-reads.
+    pub async fn hand_local_to_pool(&self) -> usize {
+        let s = &*self.shared;
+        let Some(pool) = &s.pool else { return 0 };
+        if s.config.mode != Mode::Exclusive || !s.pool_trusted.load(Relaxed) {
+            return 0;
+        }
+        let pages = s.local.drain();
+        for batch in pages.chunks(crate::DEMOTE_BATCH) {
+            let batch: Vec<(u64, &Bytes)> = batch.iter().map(|(p, b)| (*p, b)).collect();
+            put_into_pool(s, pool, &batch, "handing the local tier to the pool").await;
+        }
+        pages.len()
+    }
+
     /// Removes cached copies of whole pages in the pool; on failure, distrusts the pool.
     pub(crate) async fn invalidate_in_pool(&self, pages: &[u64]) {
         let s = &*self.shared;

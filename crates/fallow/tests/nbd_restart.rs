@@ -173,3 +173,110 @@ fn no_connection_is_refused_while_a_socket_activated_export_restarts() {
     server.signal("TERM");
     assert!(server.wait_timeout(Duration::from_secs(20)).is_some_and(|s| s.success()));
 }
+
+/// `fallow nbd --state-dir` over a node's pool, on the file `image`; returns the server
+/// and its metrics address.
+fn start_stateful(
+    node: &str,
+    secret: &std::path::Path,
+    image: &std::path::Path,
+    state: &std::path::Path,
+) -> (Daemon, String, String) {
+    let export = format!("d=file:{}", image.display());
+    let (server, uri) = Daemon::start(
+        "fallow nbd",
+        support::fallow()
+            .args(["nbd", "--export", &export, "--pool", &format!("fallow://{node}")])
+            .args(["--secret-file", secret.to_str().unwrap(), "--state-dir"])
+            .arg(state)
+            .args(["--local-tier", "1M", "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0"])
+            .env("FALLOW_LOG", "info")
+            .stdin(Stdio::null()),
+        "serving URI",
+        Duration::from_secs(20),
+        support::nbd_serving_uri,
+    );
+    // Logged before the URI, so already read: found in the log so far.
+    let metrics = server.log_lines().iter().find_map(|l| support::metrics_addr(l)).unwrap();
+    (server, uri, metrics)
+}
+
+/// Pages the export read from `tier` (local, pool, backing), from its metrics.
+fn pages_from(metrics: &str, tier: &str) -> f64 {
+    let text = support::scrape(metrics);
+    let labels = format!("tier=\"{tier}\"");
+    support::metric(&text, "fallow_nbd_cache_pages_read_total", &labels).unwrap_or(0.0)
+}
+
+/// Reads the first 4 MiB in 64 KiB requests (a cached size: larger ones count as a scan)
+/// and checks them against `pattern`.
+fn read_back(uri: &str, pattern: u8) {
+    let commands: Vec<String> =
+        (0..64).map(|i| format!("read -P {pattern} {} 64k", i * 65536)).collect();
+    let commands: Vec<&str> = commands.iter().map(String::as_str).collect();
+    let (ok, text) = support::qemu_io(uri, &commands);
+    assert!(ok && !text.contains("failed") && !text.contains("Pattern"), "{text}");
+}
+
+fn stop(server: &mut Daemon) {
+    server.signal("TERM");
+    assert!(server.wait_timeout(Duration::from_secs(20)).is_some_and(|s| s.success()));
+}
+
+/// With `--state-dir` and a node's pool: a clean stop leaves the cache in the pool and the
+/// next start serves from it; after SIGKILL, or over a file changed while stopped, the
+/// export's old pages are dropped and every read comes from the file.
+#[test]
+fn a_clean_restart_starts_warm_and_a_crash_or_a_changed_store_starts_cold() {
+    if !support::command_works("qemu-io", &["--version"]) {
+        eprintln!("skipping: qemu-io is not installed (Debian package qemu-utils)");
+        return;
+    }
+    let dir = TempDir::new("nbd-warm");
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "warm-restart-secret-0123456789").unwrap();
+    let (_node, node) = support::start_node(
+        &["--listen", "127.0.0.1:0", "--lend", "64M", "--secret-file", secret.to_str().unwrap()],
+        Duration::from_secs(10),
+    );
+    let image = dir.path().join("disk.img");
+    std::fs::write(&image, vec![0x5a; 8 << 20]).unwrap();
+    let state = dir.path().join("state");
+
+    // Cold: everything from the file; the clean stop hands the local tier to the pool.
+    let (mut server, uri, metrics) = start_stateful(&node, &secret, &image, &state);
+    read_back(&uri, 0x5a);
+    assert_eq!(pages_from(&metrics, "backing"), 1024.0);
+    stop(&mut server);
+    let log = server.log_so_far();
+    assert!(
+        log.contains("no clean stop recorded") && log.contains("the next start is warm"),
+        "{log}"
+    );
+
+    // Warm: the same reads come from the pool.
+    let (mut server, uri, metrics) = start_stateful(&node, &secret, &image, &state);
+    read_back(&uri, 0x5a);
+    let (pool, backing) = (pages_from(&metrics, "pool"), pages_from(&metrics, "backing"));
+    println!("warm start: {pool} pages from the pool, {backing} from the file");
+    assert!(pool == 1024.0 && backing == 0.0, "pool {pool}, backing {backing}");
+    assert!(server.log_so_far().contains("warm start"));
+
+    // A crash leaves no clean mark: the next start drops what the pool holds.
+    server.kill();
+    let (mut server, uri, metrics) = start_stateful(&node, &secret, &image, &state);
+    read_back(&uri, 0x5a);
+    assert_eq!(pages_from(&metrics, "pool"), 0.0);
+    assert!(server.log_so_far().contains("no clean stop recorded"));
+    stop(&mut server);
+
+    // The file changes while the export is stopped: its pages in the pool are stale, so
+    // they are dropped, and the reads see the new bytes.
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::write(&image, vec![0xa5; 8 << 20]).unwrap();
+    let (mut server, uri, metrics) = start_stateful(&node, &secret, &image, &state);
+    read_back(&uri, 0xa5);
+    assert_eq!(pages_from(&metrics, "pool"), 0.0);
+    assert!(server.log_so_far().contains("the backing store changed since the clean stop"));
+    stop(&mut server);
+}

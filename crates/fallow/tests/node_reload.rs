@@ -53,24 +53,6 @@ fn lent_bytes(addr: &str, secret: &Path) -> u64 {
     stats["lent_bytes"].as_u64().unwrap_or_else(|| panic!("no lent_bytes in {stats}"))
 }
 
-/// The value of the metric line starting with `series`, 0 if absent.
-fn metric(metrics: &str, series: &str) -> f64 {
-    let body = reqwest_free_get(metrics);
-    body.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
-        .unwrap_or(0.0)
-}
-
-/// GET http://ADDR/metrics with a plain TCP request (no HTTP crate in the tests).
-fn reqwest_free_get(addr: &str) -> String {
-    use std::io::Write;
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    write!(stream, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut body = String::new();
-    stream.read_to_string(&mut body).unwrap();
-    body
-}
-
 #[test]
 fn sighup_applies_a_new_lend_at_once_and_names_what_waits_for_a_restart() {
     let dir = TempDir::new("node-reload");
@@ -114,8 +96,10 @@ fn sighup_applies_a_new_lend_at_once_and_names_what_waits_for_a_restart() {
         (l.contains("reload failed") && l.contains("TOML")).then_some(())
     });
     assert_eq!(lent_bytes(&addr, &secret), 96 << 20);
-    assert_eq!(metric(&metrics, "fallow_node_config_reloads_total{result=\"applied\"}"), 1.0);
-    assert_eq!(metric(&metrics, "fallow_node_config_reloads_total{result=\"failed\"}"), 1.0);
+    let text = support::scrape(&metrics);
+    let reloads = |result| support::metric(&text, "fallow_node_config_reloads_total", result);
+    assert_eq!(reloads("result=\"applied\""), Some(1.0));
+    assert_eq!(reloads("result=\"failed\""), Some(1.0));
     assert!(node.is_running());
 
     // `lend = "auto"` replaces the fixed size with the governor.

@@ -14,6 +14,8 @@ use fallow_core::{AsyncPageStore, PoolSpec};
 use fallow_node::lending::parse_size;
 use fallow_pool::{Engine, EngineBuilder};
 
+use super::warm::{self, StateDir};
+
 /// The exports and their caches, shared by `fallow nbd` and `fallow vhost`.
 #[derive(Debug, Args)]
 pub struct ExportArgs {
@@ -67,6 +69,13 @@ pub struct ExportArgs {
     /// every pool: export's), in the background: more pages in the same memory, for CPU.
     #[arg(long)]
     pub compress: bool,
+    /// Keep the cache warm across restarts (with a fallow:// pool, which outlives this
+    /// process): DIR records the pool the exports cache in; a clean stop (SIGTERM) moves
+    /// the local tier's pages into it and marks each export clean, and the next start over
+    /// the same DIR serves them at once. After a crash, or over a store changed meanwhile,
+    /// the export's pages in the pool are dropped instead: cold, never stale.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
 }
 
 /// `--write-policy`.
@@ -96,11 +105,19 @@ pub struct OpenedExport {
     pub cache: CacheLayer,
 }
 
+/// Every export of a process, the engine of an in-process pool, and the state kept
+/// across restarts (`--state-dir`).
+pub struct OpenedExports {
+    /// The exports, in `--export` order.
+    pub exports: Vec<OpenedExport>,
+    /// The pool's engine when it runs in this process (for its memory gauges).
+    pub engine: Option<Arc<Engine>>,
+    state: Option<StateDir>,
+}
+
 /// Opens every export of `args` and the pool behind them, on the current runtime; returns
 /// them with the pool's engine when it runs in this process (for its memory gauges).
-pub async fn open_exports(
-    args: &ExportArgs,
-) -> anyhow::Result<(Vec<OpenedExport>, Option<Arc<Engine>>)> {
+pub async fn open_exports(args: &ExportArgs) -> anyhow::Result<OpenedExports> {
     let local_bytes = parse_size(&args.local_tier)
         .with_context(|| format!("--local-tier {}", args.local_tier))?;
     let local_pages = (local_bytes / fallow_core::PAGE_SIZE as u64) as usize;
@@ -131,7 +148,20 @@ pub async fn open_exports(
         }
         specs.push((name.to_string(), backing.to_string()));
     }
-    let pool = open_pool(args).await?;
+    let mut state = match &args.state_dir {
+        Some(dir) if !args.pool.starts_with("fallow://") => bail!(
+            "--state-dir {}: keeping the cache across restarts needs a pool that outlives \
+             this process (--pool fallow://…), not --pool {}",
+            dir.display(),
+            args.pool
+        ),
+        Some(dir) => {
+            let dir = dir.clone();
+            Some(tokio::task::spawn_blocking(move || StateDir::open(&dir)).await??)
+        }
+        None => None,
+    };
+    let pool = open_pool(args, state.as_ref().map(StateDir::pool_uuid)).await?;
     let mut backings = Vec::new();
     for (name, spec) in specs {
         let (backing, in_pool) = match spec.strip_prefix("pool:") {
@@ -145,55 +175,123 @@ pub async fn open_exports(
         backings.push((name, spec, backing, in_pool));
     }
     let mut exports = Vec::new();
-    for (object, (name, spec, backing, in_pool)) in backings.into_iter().enumerate() {
+    for (index, (name, spec, backing, in_pool)) in backings.into_iter().enumerate() {
+        let object = match &mut state {
+            Some(state) => state.object(&name),
+            None => index as u64,
+        };
         // A pool: export's store is the pool already: no second copy in it.
         let tier = pool.as_ref().filter(|_| !in_pool).map(|opened| PoolTier {
             store: opened.store.clone(),
             pool: opened.pool,
-            object: object as u64,
+            object,
         });
+        if let (Some(state), Some(tier)) = (&mut state, &tier) {
+            warm_or_cold(state, &name, &spec, backing.size(), tier).await?;
+        }
         let config = CacheConfig { local_pages, mode, write, ..CacheConfig::default() };
         let cache = CacheLayer::new(backing, tier, config);
         tracing::info!(export = %name, backing = %spec, size = cache.size(), "export ready");
         exports.push(OpenedExport { name, spec, cache });
     }
-    Ok((exports, pool.and_then(|opened| opened.engine)))
+    Ok(OpenedExports { exports, engine: pool.and_then(|opened| opened.engine), state })
+}
+
+/// With `--state-dir`, before export `name` serves: keeps its pages in the pool if the
+/// last stop was clean over this very store, and drops them otherwise.
+async fn warm_or_cold(
+    state: &mut StateDir,
+    name: &str,
+    spec: &str,
+    size: u64,
+    tier: &PoolTier,
+) -> anyhow::Result<()> {
+    let mark = state.take_clean(name)?;
+    if warm::survives_restart(spec) && mark.as_ref() == Some(&warm::current_mark(spec, size)) {
+        tracing::info!(export = %name, "clean stop recorded: its pages in the pool are kept (warm start)");
+        return Ok(());
+    }
+    let why = match mark {
+        None => "no clean stop recorded",
+        Some(_) => "the backing store changed since the clean stop",
+    };
+    let dropped = tier
+        .store
+        .invalidate_object(tier.pool, tier.object)
+        .await
+        .with_context(|| format!("export {name}: dropping its pages in the pool ({why})"))?;
+    tracing::info!(export = %name, why, dropped, "its pages in the pool are dropped (cold start)");
+    Ok(())
 }
 
 /// How long a stopping server waits for the exports' dirty data to reach their stores.
 const FINAL_FLUSH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// Makes every acknowledged write durable before the process exits: with write-back, the
-/// dirty data still in memory, and what a store holds on its way (a pool export's backup
-/// file). Bounded, so a store that is gone cannot hold the exit forever; what could not be
-/// written is logged.
-pub async fn flush_exports(exports: &[OpenedExport]) {
+/// The exports' last step before the process exits, after the last client: makes every
+/// acknowledged write durable (with write-back, the dirty data still in memory, and what a
+/// store holds on its way, such as a pool export's backup file), bounded, so that a store
+/// that is gone cannot hold the exit forever, and logs what could not be written. With
+/// `--state-dir`, an export whose data all reached its store then hands its local tier to
+/// the pool and is marked clean, so that the next start is warm.
+pub async fn stop_exports(opened: &mut OpenedExports) {
+    let flushed = flush_exports(&opened.exports).await;
+    let Some(state) = &mut opened.state else { return };
+    for (export, flushed) in opened.exports.iter().zip(flushed) {
+        if !flushed || !warm::survives_restart(&export.spec) {
+            continue;
+        }
+        let handed = export.cache.hand_local_to_pool().await;
+        let mark = warm::current_mark(&export.spec, export.cache.size());
+        match state.mark_clean(&export.name, mark) {
+            Ok(()) => {
+                tracing::info!(export = %export.name, handed, "stopped clean: the next start is warm")
+            }
+            Err(err) => {
+                tracing::error!(export = %export.name, error = %format!("{err:#}"), "could not record the clean stop: the next start is cold")
+            }
+        }
+    }
+}
+
+/// [`stop_exports`]' first step; returns, per export, whether everything acknowledged is
+/// in its store now.
+async fn flush_exports(exports: &[OpenedExport]) -> Vec<bool> {
+    let mut flushed = Vec::with_capacity(exports.len());
     for export in exports {
         let dirty = export.cache.dirty_bytes();
         let caps = export.cache.backing().capabilities();
         // A store with a volatile part (a file's page cache, a pool export's backup on its
         // way) is flushed even with nothing dirty in the cache.
         if dirty == 0 && (!caps.flush || caps.read_only) {
+            flushed.push(true);
             continue;
         }
         if dirty > 0 {
             tracing::info!(export = %export.name, dirty, "writing dirty data out before exit");
         }
-        match tokio::time::timeout(FINAL_FLUSH_TIMEOUT, export.cache.flush()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(err)) => tracing::error!(
-                export = %export.name,
-                %err,
-                "the store's flush failed: writes since the last flush may be lost"
-            ),
-            Err(_) => tracing::error!(
-                export = %export.name,
-                dirty = export.cache.dirty_bytes(),
-                "the store took over {FINAL_FLUSH_TIMEOUT:?} to flush: writes since the last \
-                 flush may be lost"
-            ),
-        }
+        let ok = match tokio::time::timeout(FINAL_FLUSH_TIMEOUT, export.cache.flush()).await {
+            Ok(Ok(())) => true,
+            Ok(Err(err)) => {
+                tracing::error!(
+                    export = %export.name,
+                    %err,
+                    "the store's flush failed: writes since the last flush may be lost"
+                );
+                false
+            }
+            Err(_) => {
+                tracing::error!(
+                    export = %export.name,
+                    dirty = export.cache.dirty_bytes(),
+                    "the store took over {FINAL_FLUSH_TIMEOUT:?} to flush: writes since the \
+                     last flush may be lost"
+                );
+                false
+            }
+        };
+        flushed.push(ok && export.cache.dirty_bytes() == 0);
     }
+    flushed
 }
 
 /// The exports as the NBD server serves them, sharing their caches with any other front
@@ -383,7 +481,9 @@ pub struct OpenedPool {
     engine: Option<Arc<Engine>>,
 }
 
-async fn open_pool(args: &ExportArgs) -> anyhow::Result<Option<OpenedPool>> {
+/// Opens `--pool` and makes the exports' pool in it: a private one, or with `shared`
+/// (`--state-dir`) the shared pool of that UUID, which a restarted process attaches to again.
+async fn open_pool(args: &ExportArgs, shared: Option<u128>) -> anyhow::Result<Option<OpenedPool>> {
     let mut engine = None;
     let store: Arc<dyn AsyncPageStore> = if args.pool == "none" {
         return Ok(None);
@@ -406,7 +506,10 @@ async fn open_pool(args: &ExportArgs) -> anyhow::Result<Option<OpenedPool>> {
             args.pool
         );
     };
-    let spec = PoolSpec { compress: args.compress, ..PoolSpec::ephemeral() };
+    let mut spec = PoolSpec { compress: args.compress, ..PoolSpec::ephemeral() };
+    if let Some(uuid) = shared {
+        spec = spec.shared(uuid);
+    }
     let pool = store.create_pool(&spec).await?;
     Ok(Some(OpenedPool { store, pool, engine }))
 }

@@ -11,3 +11,4 @@ pub mod tls;
 pub mod trace;
 pub mod up;
 pub mod vhost;
+pub mod warm;

@@ -8,7 +8,7 @@ use fallow_nbd::metrics::PoolMemory;
 use fallow_nbd::{NbdServer, ServerOptions};
 use fallow_pool::Engine;
 
-use super::exports::{flush_exports, nbd_exports, open_exports, ExportArgs};
+use super::exports::{nbd_exports, open_exports, stop_exports, ExportArgs};
 use super::serving::{server_runtime, PollingArgs};
 use super::tls::{nbd_scheme, NbdTlsArgs};
 
@@ -76,9 +76,10 @@ pub fn run(args: NbdArgs) -> anyhow::Result<()> {
             (true, true) => Vec::new(),
             (true, false) => vec!["127.0.0.1:10809".parse().expect("the default address parses")],
         };
-        let (opened, engine) = open_exports(&args.exports).await?;
-        let names: Vec<String> = opened.iter().map(|e| e.name.clone()).collect();
-        let exports = nbd_exports(&opened, args.exports.read_only);
+        let mut opened = open_exports(&args.exports).await?;
+        let engine = opened.engine.take();
+        let names: Vec<String> = opened.exports.iter().map(|e| e.name.clone()).collect();
+        let exports = nbd_exports(&opened.exports, args.exports.read_only);
         let options = ServerOptions { metrics: args.metrics, polling, tls };
         let server = NbdServer::start_with(&listen, exports, options).await?;
         if fallow_net::activation::any_left() {
@@ -100,7 +101,7 @@ pub fn run(args: NbdArgs) -> anyhow::Result<()> {
         }
         crate::cmd::node::wait_for_signal().await?;
         server.shutdown().await;
-        flush_exports(&opened).await;
+        stop_exports(&mut opened).await;
         Ok(())
     })
 }

@@ -11,7 +11,7 @@ use fallow_nbd::{NbdServer, ServerOptions};
 use fallow_net::cpus::CpuList;
 use fallow_vhost::{Device, Polling, Server};
 
-use super::exports::{flush_exports, nbd_exports, open_exports, ExportArgs};
+use super::exports::{nbd_exports, open_exports, stop_exports, ExportArgs};
 use super::tls::NbdTlsArgs;
 
 /// Serve block devices to QEMU guests on this host through shared memory (vhost-user-blk),
@@ -79,9 +79,10 @@ pub fn run(args: VhostArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.socket_dir)
         .with_context(|| format!("creating {}", args.socket_dir.display()))?;
     runtime.block_on(async {
-        let (opened, engine) = open_exports(&args.exports).await?;
+        let mut opened = open_exports(&args.exports).await?;
+        let engine = opened.engine.take();
         let mut servers = Vec::new();
-        for export in &opened {
+        for export in &opened.exports {
             let device = Device::new(
                 &export.name,
                 export.cache.clone(),
@@ -97,7 +98,7 @@ pub fn run(args: VhostArgs) -> anyhow::Result<()> {
         let nbd = match args.nbd.is_empty() && args.metrics.is_none() {
             true => None,
             false => {
-                let exports = nbd_exports(&opened, args.exports.read_only);
+                let exports = nbd_exports(&opened.exports, args.exports.read_only);
                 let options = ServerOptions { metrics: args.metrics, tls, ..Default::default() };
                 Some(NbdServer::start_with(&args.nbd, exports, options).await?)
             }
@@ -151,7 +152,7 @@ pub fn run(args: VhostArgs) -> anyhow::Result<()> {
                 "vhost-user device stopped"
             );
         }
-        flush_exports(&opened).await;
+        stop_exports(&mut opened).await;
         Ok(())
     })
 }

@@ -122,3 +122,22 @@ pub fn metrics_addr(line: &str) -> Option<String> {
     let url = line.split_once("serving metrics at http://")?.1;
     Some(url.split_once("/metrics")?.0.to_string())
 }
+
+/// The body of `GET /metrics` on `addr` (a server's `--metrics` address).
+pub fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(stream, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    text
+}
+
+/// The value of the first metric line of `text` that starts with `name{` and contains
+/// `labels`.
+pub fn metric(text: &str, name: &str, labels: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(labels))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+}
