@@ -38,6 +38,13 @@ command -v pkg-config >/dev/null || packages+=(pkg-config)
 # Debian's Prometheus server; the server itself must not start (below).
 promtool_packages=()
 command -v promtool >/dev/null || promtool_packages+=(prometheus)
+# The package test (crates/fallow/tests/package.rs, scripts/package-test.sh) builds a .deb
+# with cargo-deb (its Depends from dpkg-shlibdeps), verifies the units with systemd-analyze
+# (ExecReload names /bin/kill), installs it (adduser) and purges it.
+command -v systemd-analyze >/dev/null || packages+=(systemd)
+command -v adduser >/dev/null || packages+=(adduser)
+command -v dpkg-shlibdeps >/dev/null || packages+=(dpkg-dev)
+[ -x /bin/kill ] || packages+=(procps)
 # The RADOS store (cargo feature `rados`) links against librados, and its tests start a
 # throwaway single-node Ceph cluster (tests/ceph/): a monitor, an OSD and the ceph/rados
 # tools. Installed without recommends, which would add a manager and an MDS.
@@ -74,6 +81,8 @@ if ((${#ceph_packages[@]})); then
     DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y \
         --no-install-recommends "${ceph_packages[@]}"
 fi
+# cargo-deb builds liblzma's C sources, so after the C compiler is in.
+command -v cargo-deb >/dev/null || cargo install --locked cargo-deb@3.8.0
 # Optional parts that the tests cover; a plain `cargo build` leaves them out.
 features=(--features fallow-backing/rados,fallow/rados)
 for component in rustfmt clippy; do

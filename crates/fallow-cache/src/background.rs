@@ -15,15 +15,17 @@ use crate::write::write_back_all;
 use crate::{Shared, WritePolicy, DEMOTE_BATCH};
 
 /// Writes dirty pages out when they get old or too many. Stops when the cache is dropped.
-pub(crate) async fn flusher(cache: std::sync::Weak<Shared>, max_age: Duration) {
-    let tick = (max_age / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+pub(crate) async fn flusher(cache: std::sync::Weak<Shared>) {
+    let mut tick = Duration::from_millis(10);
     loop {
         tokio::time::sleep(tick).await;
         let Some(s) = cache.upgrade() else { return };
+        // Read each round: a reload may change them.
+        let WritePolicy::Back { max_dirty_bytes, max_age } = s.write_policy() else { return };
+        tick = (max_age / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
         if s.dirty.is_empty() {
             continue;
         }
-        let WritePolicy::Back { max_dirty_bytes, .. } = s.config.write else { return };
         let old = s.dirty.oldest_age().is_some_and(|age| age >= max_age);
         if old || s.dirty.bytes() > max_dirty_bytes / 2 {
             if let Err(err) = write_back_all(&s, None).await {

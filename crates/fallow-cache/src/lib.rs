@@ -181,6 +181,10 @@ struct Shared {
     stats: CacheStats,
     demote: Option<mpsc::Sender<(u64, Bytes, Ticket)>>,
     dirty: dirty::DirtySet,
+    /// Write-back's limits, which a reload may change (`CacheLayer::set_dirty_limits`):
+    /// the most dirty bytes, and the age in ms at which the flusher writes a page.
+    max_dirty_bytes: AtomicU64,
+    max_dirty_age_ms: AtomicU64,
     /// No local tier, no pool, write-through: nothing is ever cached or dirty, so reads go
     /// straight to the store (`read_through`).
     pass_through: bool,
@@ -191,6 +195,19 @@ struct Shared {
 #[derive(Clone)]
 pub struct CacheLayer {
     shared: Arc<Shared>,
+}
+
+impl Shared {
+    /// The write policy with the limits now in force.
+    pub(crate) fn write_policy(&self) -> WritePolicy {
+        match self.config.write {
+            WritePolicy::Through => WritePolicy::Through,
+            WritePolicy::Back { .. } => WritePolicy::Back {
+                max_dirty_bytes: self.max_dirty_bytes.load(Relaxed),
+                max_age: Duration::from_millis(self.max_dirty_age_ms.load(Relaxed)),
+            },
+        }
+    }
 }
 
 impl std::fmt::Debug for CacheLayer {
@@ -221,6 +238,12 @@ impl CacheLayer {
         };
         let pass_through =
             pool.is_none() && config.local_pages == 0 && config.write == WritePolicy::Through;
+        let (max_dirty_bytes, max_dirty_age_ms) = match config.write {
+            WritePolicy::Back { max_dirty_bytes, max_age } => {
+                (max_dirty_bytes, max_age.as_millis() as u64)
+            }
+            WritePolicy::Through => (0, 0),
+        };
         let shared = Arc::new(Shared {
             pass_through,
             whole_pages: backing.size() / PAGE,
@@ -234,12 +257,14 @@ impl CacheLayer {
             stats: CacheStats::default(),
             demote,
             dirty: dirty::DirtySet::default(),
+            max_dirty_bytes: AtomicU64::new(max_dirty_bytes),
+            max_dirty_age_ms: AtomicU64::new(max_dirty_age_ms),
         });
         if let Some(rx) = demotions {
             tokio::spawn(demoter(Arc::downgrade(&shared), rx));
         }
-        if let WritePolicy::Back { max_age, .. } = shared.config.write {
-            tokio::spawn(flusher(Arc::downgrade(&shared), max_age));
+        if let WritePolicy::Back { .. } = shared.config.write {
+            tokio::spawn(flusher(Arc::downgrade(&shared)));
         }
         if shared.pool.is_some() {
             tokio::spawn(trust_keeper(Arc::downgrade(&shared)));
@@ -278,9 +303,42 @@ impl CacheLayer {
         self.shared.dirty.oldest_age()
     }
 
-    /// When writes are acknowledged, and the write-back limits.
+    /// When writes are acknowledged, and the write-back limits now in force.
     pub fn write_policy(&self) -> WritePolicy {
-        self.shared.config.write
+        self.shared.write_policy()
+    }
+
+    /// The mode the cache was made with.
+    pub fn mode(&self) -> Mode {
+        self.shared.config.mode
+    }
+
+    /// Changes write-back's limits (a reload): a smaller `max_dirty_bytes` makes the next
+    /// writer write back first, a shorter `max_age` is the flusher's next deadline. False,
+    /// and nothing changes, for a write-through cache.
+    pub fn set_dirty_limits(&self, max_dirty_bytes: u64, max_age: Duration) -> bool {
+        let s = &*self.shared;
+        if s.config.write == WritePolicy::Through {
+            return false;
+        }
+        s.max_dirty_bytes.store(max_dirty_bytes, Relaxed);
+        s.max_dirty_age_ms.store((max_age.as_millis() as u64).max(1), Relaxed);
+        true
+    }
+
+    /// Changes the local tier's size (a reload). Pages a shrink evicts go to the pool in
+    /// exclusive mode, as evictions do. False, and nothing changes, when either size is
+    /// zero: a cache made without a local tier (or given none) is laid out differently
+    /// (no demoter; a cache with nothing to cache reads straight through).
+    pub fn set_local_capacity(&self, pages: usize) -> bool {
+        let s = &*self.shared;
+        if pages == 0 || s.local.capacity() == 0 {
+            return false;
+        }
+        for (page, data) in s.local.set_capacity(pages) {
+            tiers::demote(s, page, data);
+        }
+        true
     }
 
     /// False while the pool is skipped after a failed invalidation.

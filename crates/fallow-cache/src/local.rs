@@ -8,6 +8,7 @@
 )]
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -26,10 +27,26 @@ struct Clock {
     hand: usize,
 }
 
+impl Clock {
+    /// The slot to evict (there is at least one): clears reference bits until an
+    /// unreferenced page comes under the hand, which then moves past it.
+    fn victim(&mut self) -> usize {
+        loop {
+            let hand = self.hand;
+            self.hand = (hand + 1) % self.slots.len();
+            if !std::mem::take(&mut self.slots[hand].referenced) {
+                return hand;
+            }
+        }
+    }
+}
+
 /// Up to `capacity` pages. Capacity 0 holds nothing.
 #[derive(Debug)]
 pub struct LocalTier {
-    capacity: usize,
+    /// Changes on a reload ([`LocalTier::set_capacity`]); read under the clock's lock by
+    /// inserts, so a shrink and an insert never both think there is room.
+    capacity: AtomicUsize,
     /// The clock. A `parking_lot` mutex: held for a map operation and a 4 KiB `Bytes`
     /// clone (a reference count), never across `.await`.
     clock: Mutex<Clock>,
@@ -38,12 +55,33 @@ pub struct LocalTier {
 impl LocalTier {
     /// A tier of `capacity` pages.
     pub fn new(capacity: usize) -> Self {
-        Self { capacity, clock: Mutex::new(Clock::default()) }
+        Self { capacity: AtomicUsize::new(capacity), clock: Mutex::new(Clock::default()) }
     }
 
     /// The capacity in pages.
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.capacity.load(Relaxed)
+    }
+
+    /// Sets the capacity; when it shrinks below what the tier holds, evicts (unreferenced
+    /// pages first, as inserts do) and returns the pages evicted.
+    pub fn set_capacity(&self, capacity: usize) -> Vec<(u64, Bytes)> {
+        let mut clock = self.clock.lock();
+        self.capacity.store(capacity, Relaxed);
+        let mut evicted = Vec::new();
+        while clock.slots.len() > capacity {
+            let victim = clock.victim();
+            let old = clock.slots.swap_remove(victim);
+            clock.index.remove(&old.page);
+            if let Some(moved) = clock.slots.get(victim).map(|s| s.page) {
+                clock.index.insert(moved, victim);
+            }
+            if clock.hand >= clock.slots.len() {
+                clock.hand = 0;
+            }
+            evicted.push((old.page, old.data));
+        }
+        evicted
     }
 
     /// Pages held.
@@ -67,33 +105,26 @@ impl LocalTier {
 
     /// Inserts or replaces a page; returns the page evicted to make room, if any.
     pub fn insert(&self, page: u64, data: Bytes) -> Option<(u64, Bytes)> {
-        if self.capacity == 0 {
+        let mut clock = self.clock.lock();
+        let capacity = self.capacity.load(Relaxed);
+        if capacity == 0 {
             return Some((page, data));
         }
-        let mut clock = self.clock.lock();
         if let Some(&slot) = clock.index.get(&page) {
             clock.slots[slot] = Slot { page, data, referenced: true };
             return None;
         }
-        if clock.slots.len() < self.capacity {
+        if clock.slots.len() < capacity {
             let slot = clock.slots.len();
             clock.slots.push(Slot { page, data, referenced: false });
             clock.index.insert(page, slot);
             return None;
         }
-        // Sweep: clear reference bits until an unreferenced page comes under the hand.
-        loop {
-            let hand = clock.hand;
-            clock.hand = (hand + 1) % clock.slots.len();
-            if std::mem::take(&mut clock.slots[hand].referenced) {
-                continue;
-            }
-            let old =
-                std::mem::replace(&mut clock.slots[hand], Slot { page, data, referenced: false });
-            clock.index.remove(&old.page);
-            clock.index.insert(page, hand);
-            return Some((old.page, old.data));
-        }
+        let hand = clock.victim();
+        let old = std::mem::replace(&mut clock.slots[hand], Slot { page, data, referenced: false });
+        clock.index.remove(&old.page);
+        clock.index.insert(page, hand);
+        Some((old.page, old.data))
     }
 
     /// Removes and returns every page.
@@ -127,6 +158,28 @@ mod tests {
 
     fn b(x: u8) -> Bytes {
         Bytes::from(vec![x; 8])
+    }
+
+    #[test]
+    fn shrinking_evicts_down_to_the_new_capacity_and_growing_makes_room() {
+        let tier = LocalTier::new(4);
+        for p in 0..4 {
+            tier.insert(p, b(p as u8));
+        }
+        assert!(tier.get(2).is_some()); // referenced: kept over the others
+        let evicted = tier.set_capacity(1);
+        assert_eq!(evicted.len(), 3);
+        assert_eq!(tier.len(), 1);
+        assert!(tier.get(2).is_some(), "the referenced page stays");
+        for (page, data) in &evicted {
+            assert_eq!(data, &b(*page as u8));
+            assert!(tier.get(*page).is_none());
+        }
+        tier.set_capacity(3);
+        assert_eq!(tier.insert(7, b(7)), None);
+        assert_eq!(tier.insert(8, b(8)), None);
+        assert_eq!(tier.len(), 3);
+        assert!(tier.insert(9, b(9)).is_some(), "full again at 3");
     }
 
     #[test]

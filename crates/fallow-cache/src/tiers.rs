@@ -73,19 +73,24 @@ pub(crate) async fn put_into_pool(
 /// Inserts into the local tier; an evicted page goes to the demoter (exclusive mode).
 pub(crate) fn keep_local(s: &Shared, page: u64, data: Bytes) {
     if let Some((evicted, bytes)) = s.local.insert(page, data) {
-        if let Some(demote) = &s.demote {
-            // The evicted page was valid while in the tier; its ticket now guards the
-            // trip to the pool against a write that starts meanwhile.
-            match s.coherence.ticket(evicted) {
-                Some(ticket) => {
-                    if demote.try_send((evicted, bytes, ticket)).is_err() {
-                        s.stats.demotions_dropped.fetch_add(1, Relaxed);
-                    }
-                }
-                None => {
-                    s.stats.populate_skipped.fetch_add(1, Relaxed);
-                }
+        demote(s, evicted, bytes);
+    }
+}
+
+/// Hands a page evicted from the local tier to the demoter (exclusive mode; otherwise it
+/// is dropped).
+pub(crate) fn demote(s: &Shared, page: u64, data: Bytes) {
+    let Some(demote) = &s.demote else { return };
+    // The evicted page was valid while in the tier; its ticket now guards the trip to the
+    // pool against a write that starts meanwhile.
+    match s.coherence.ticket(page) {
+        Some(ticket) => {
+            if demote.try_send((page, data, ticket)).is_err() {
+                s.stats.demotions_dropped.fetch_add(1, Relaxed);
             }
+        }
+        None => {
+            s.stats.populate_skipped.fetch_add(1, Relaxed);
         }
     }
 }

@@ -22,7 +22,7 @@ impl CacheLayer {
     /// Writes `data` at `offset`: through to the backing store, or into the dirty set
     /// (write-back; FUA writes it out before returning). Acknowledge only after `Ok`.
     pub async fn write(&self, offset: u64, data: Bytes, durability: Durability) -> io::Result<()> {
-        match self.shared.config.write {
+        match self.shared.write_policy() {
             WritePolicy::Through => self.write_through(offset, data, durability).await,
             WritePolicy::Back { max_dirty_bytes, .. } => {
                 self.write_back(offset, data, durability, max_dirty_bytes).await

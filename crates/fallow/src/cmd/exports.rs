@@ -16,10 +16,13 @@ use fallow_pool::{Engine, EngineBuilder};
 
 use super::warm::{self, StateDir};
 
-/// The exports and their caches, shared by `fallow nbd` and `fallow vhost`.
-#[derive(Debug, Args)]
+/// The exports and their caches, shared by `fallow nbd` and `fallow vhost`. The settings
+/// without a value here take one from `fallow nbd`'s config file, else the default each
+/// names; an export's own section in the file wins over all of them for that export.
+#[derive(Debug, Clone, Args)]
 pub struct ExportArgs {
-    /// An export: NAME=file:PATH[,size=SIZE] | NAME=PATH | NAME=mem:SIZE | NAME=nbd://… | NAME=nbds://… (TLS) |
+    /// An export: NAME=file:PATH[,size=SIZE] | NAME=PATH | NAME=mem:SIZE | NAME=nbd://… |
+    /// NAME=nbds://… (TLS) |
     /// NAME=rados:POOL/PREFIX[,size=SIZE][,conf=PATH][,user=NAME][,namespace=NS][,timeout=SECS]
     /// | NAME=pool:SIZE[,uuid=UUID][,backup=PATH] (a disk that lives only in --pool, in a
     /// persistent pool of its own: pages never written read as zeros, writes must be whole
@@ -29,39 +32,41 @@ pub struct ExportArgs {
     /// every page in the background (up to --max-dirty on its way), so that the disk
     /// survives the loss of the pool; for swap or scratch space, see docs/nbd.md).
     /// Repeatable; the first is also the default export.
-    #[arg(long = "export", value_name = "NAME=BACKING", required = true)]
+    #[arg(long = "export", value_name = "NAME=BACKING")]
     pub exports: Vec<String>,
     /// The pool behind the local tier: local:SIZE (in this process), fallow://HOST:PORT (a
     /// node, or the cluster it is a member of), fallow://HOST:PORT,HOST:PORT,... (a
     /// cluster, through any of these seeds), or none. In a cluster, pages are spread over
-    /// the live nodes and a node that dies costs misses, never errors.
-    #[arg(long, value_name = "POOL", default_value = "none")]
-    pub pool: String,
+    /// the live nodes and a node that dies costs misses, never errors [default: none].
+    #[arg(long, value_name = "POOL")]
+    pub pool: Option<String>,
     /// The shared secret, for a fallow:// pool.
     #[arg(long, value_name = "FILE")]
     pub secret_file: Option<PathBuf>,
     /// For a fallow:// pool whose nodes run with --node-tls.
     #[command(flatten)]
     pub node_tls: super::tls::NodeTlsArgs,
-    /// Size of the local tier in this process (0 for none).
-    #[arg(long, value_name = "SIZE", default_value = "64M")]
-    pub local_tier: String,
+    /// Size of the local tier in this process, per export (0 for none) [default: 64M].
+    #[arg(long, value_name = "SIZE")]
+    pub local_tier: Option<String>,
     /// exclusive: a page lives in the local tier or in the pool; inclusive: the pool keeps
-    /// a copy of what the local tier holds.
-    #[arg(long, value_enum, default_value_t = CacheMode::Exclusive)]
-    pub mode: CacheMode,
+    /// a copy of what the local tier holds [default: exclusive].
+    #[arg(long, value_enum)]
+    pub mode: Option<CacheMode>,
     /// through: a write is acknowledged once the backing store has it. back: acknowledged
     /// from memory; FLUSH and FUA make writes durable, and a background flusher writes
     /// them out (see --max-dirty, --max-dirty-age). A crash loses only writes no FLUSH
-    /// covered.
-    #[arg(long, value_enum, default_value_t = WriteMode::Through)]
-    pub write_policy: WriteMode,
-    /// With --write-policy back: the most dirty data per export; writers wait beyond it.
-    #[arg(long, value_name = "SIZE", default_value = "64M")]
-    pub max_dirty: String,
-    /// With --write-policy back: the oldest dirty data may get, in milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 1000)]
-    pub max_dirty_age: u64,
+    /// covered [default: through].
+    #[arg(long, value_enum)]
+    pub write_policy: Option<WriteMode>,
+    /// With --write-policy back: the most dirty data per export; writers wait beyond it
+    /// [default: 64M].
+    #[arg(long, value_name = "SIZE")]
+    pub max_dirty: Option<String>,
+    /// With --write-policy back: the oldest dirty data may get, in milliseconds
+    /// [default: 1000].
+    #[arg(long, value_name = "MS")]
+    pub max_dirty_age: Option<u64>,
     /// Refuse writes on every export.
     #[arg(long)]
     pub read_only: bool,
@@ -76,10 +81,106 @@ pub struct ExportArgs {
     /// the export's pages in the pool are dropped instead: cold, never stale.
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Each export's own settings, from a config file's `[exports.NAME]` sections.
+    #[arg(skip)]
+    pub own: std::collections::BTreeMap<String, ExportSettingsFile>,
+}
+
+/// One export's section of `fallow nbd`'s config file: its store, and settings that win
+/// over the flags and the file's defaults for this export.
+#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExportSettingsFile {
+    /// The BACKING of `--export NAME=BACKING`.
+    pub backing: String,
+    /// As `--local-tier`.
+    pub local_tier: Option<String>,
+    /// As `--mode`.
+    pub mode: Option<CacheMode>,
+    /// As `--write-policy`.
+    pub write_policy: Option<WriteMode>,
+    /// As `--max-dirty`.
+    pub max_dirty: Option<String>,
+    /// As `--max-dirty-age`.
+    pub max_dirty_age_ms: Option<u64>,
+}
+
+/// One export's cache settings, resolved.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CacheSettings {
+    /// Pages in the local tier.
+    pub local_pages: usize,
+    /// Exclusive or inclusive.
+    pub mode: Mode,
+    /// When writes are acknowledged, with write-back's limits.
+    pub write: WritePolicy,
+    /// The most data on its way: write-back's dirty limit, and a pool export's backup.
+    pub max_dirty: u64,
+}
+
+impl ExportArgs {
+    /// `--pool`, or none.
+    pub fn pool(&self) -> &str {
+        self.pool.as_deref().unwrap_or("none")
+    }
+
+    /// The export names and stores of `--export`, checked: NAME=BACKING, distinct names,
+    /// at least one.
+    pub fn specs(&self) -> anyhow::Result<Vec<(String, String)>> {
+        let mut specs: Vec<(String, String)> = Vec::new();
+        for spec in &self.exports {
+            let Some((name, backing)) = spec.split_once('=') else {
+                bail!("--export {spec:?}: expected NAME=BACKING");
+            };
+            if name.is_empty() || specs.iter().any(|(n, _)| n == name) {
+                bail!("--export {spec:?}: export names must be non-empty and distinct");
+            }
+            specs.push((name.to_string(), backing.to_string()));
+        }
+        if specs.is_empty() {
+            bail!(
+                "no export: give --export NAME=BACKING (or an [exports.NAME] section in --config)"
+            );
+        }
+        Ok(specs)
+    }
+
+    /// The cache settings of export `name`: its own section's, else the flags' (or the
+    /// file's defaults merged into them), else the defaults.
+    pub fn cache_settings(&self, name: &str) -> anyhow::Result<CacheSettings> {
+        let own = self.own.get(name);
+        let which = |setting: &str| match own {
+            Some(_) => format!("[exports.{name}] {setting}"),
+            None => format!("--{setting}"),
+        };
+        let local_tier = own.and_then(|o| o.local_tier.clone()).or(self.local_tier.clone());
+        let local_tier = local_tier.unwrap_or_else(|| "64M".to_string());
+        let local_bytes = parse_size(&local_tier)
+            .with_context(|| format!("{} {local_tier}", which("local-tier")))?;
+        let mode = match own.and_then(|o| o.mode).or(self.mode).unwrap_or(CacheMode::Exclusive) {
+            CacheMode::Exclusive => Mode::Exclusive,
+            CacheMode::Inclusive => Mode::Inclusive,
+        };
+        let max_dirty = own.and_then(|o| o.max_dirty.clone()).or(self.max_dirty.clone());
+        let max_dirty = max_dirty.unwrap_or_else(|| "64M".to_string());
+        let max_dirty = parse_size(&max_dirty)
+            .with_context(|| format!("{} {max_dirty}", which("max-dirty")))?;
+        let max_age = own.and_then(|o| o.max_dirty_age_ms).or(self.max_dirty_age).unwrap_or(1000);
+        let write = match own.and_then(|o| o.write_policy).or(self.write_policy) {
+            None | Some(WriteMode::Through) => WritePolicy::Through,
+            Some(WriteMode::Back) => WritePolicy::Back {
+                max_dirty_bytes: max_dirty,
+                max_age: std::time::Duration::from_millis(max_age.max(1)),
+            },
+        };
+        let local_pages = (local_bytes / fallow_core::PAGE_SIZE as u64) as usize;
+        Ok(CacheSettings { local_pages, mode, write, max_dirty })
+    }
 }
 
 /// `--write-policy`.
-#[derive(Debug, Clone, Copy, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum WriteMode {
     /// Acknowledged once the backing store has it.
     Through,
@@ -88,7 +189,8 @@ pub enum WriteMode {
 }
 
 /// `--mode`.
-#[derive(Debug, Clone, Copy, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum CacheMode {
     /// A page lives in one tier.
     Exclusive,
@@ -118,42 +220,17 @@ pub struct OpenedExports {
 /// Opens every export of `args` and the pool behind them, on the current runtime; returns
 /// them with the pool's engine when it runs in this process (for its memory gauges).
 pub async fn open_exports(args: &ExportArgs) -> anyhow::Result<OpenedExports> {
-    let local_bytes = parse_size(&args.local_tier)
-        .with_context(|| format!("--local-tier {}", args.local_tier))?;
-    let local_pages = (local_bytes / fallow_core::PAGE_SIZE as u64) as usize;
-    let mode = match args.mode {
-        CacheMode::Exclusive => Mode::Exclusive,
-        CacheMode::Inclusive => Mode::Inclusive,
-    };
-    // The most dirty data per export: in the cache with write-back, and on its way to a
-    // pool export's backup file.
-    let max_dirty =
-        parse_size(&args.max_dirty).with_context(|| format!("--max-dirty {}", args.max_dirty))?;
-    let write = match args.write_policy {
-        WriteMode::Through => WritePolicy::Through,
-        WriteMode::Back => WritePolicy::Back {
-            max_dirty_bytes: max_dirty,
-            max_age: std::time::Duration::from_millis(args.max_dirty_age.max(1)),
-        },
-    };
-    let mut specs: Vec<(String, String)> = Vec::new();
-    for (i, spec) in args.exports.iter().enumerate() {
-        let Some((name, backing)) = spec.split_once('=') else {
-            bail!("--export {spec:?}: expected NAME=BACKING");
-        };
-        if name.is_empty()
-            || args.exports[..i].iter().any(|e| e.split_once('=').map(|(n, _)| n) == Some(name))
-        {
-            bail!("--export {spec:?}: export names must be non-empty and distinct");
-        }
-        specs.push((name.to_string(), backing.to_string()));
+    let specs = args.specs()?;
+    // Every setting is checked before anything opens.
+    for (name, _) in &specs {
+        args.cache_settings(name)?;
     }
     let mut state = match &args.state_dir {
-        Some(dir) if !args.pool.starts_with("fallow://") => bail!(
+        Some(dir) if !args.pool().starts_with("fallow://") => bail!(
             "--state-dir {}: keeping the cache across restarts needs a pool that outlives \
              this process (--pool fallow://…), not --pool {}",
             dir.display(),
-            args.pool
+            args.pool()
         ),
         Some(dir) => {
             let dir = dir.clone();
@@ -166,6 +243,7 @@ pub async fn open_exports(args: &ExportArgs) -> anyhow::Result<OpenedExports> {
     for (name, spec) in specs {
         let (backing, in_pool) = match spec.strip_prefix("pool:") {
             Some(rest) => {
+                let max_dirty = args.cache_settings(&name)?.max_dirty;
                 let backing =
                     open_pool_backing(pool.as_ref(), rest, args.compress, max_dirty).await;
                 (backing.with_context(|| format!("--export {name}={spec}"))?, true)
@@ -189,6 +267,7 @@ pub async fn open_exports(args: &ExportArgs) -> anyhow::Result<OpenedExports> {
         if let (Some(state), Some(tier)) = (&mut state, &tier) {
             warm_or_cold(state, &name, &spec, backing.size(), tier).await?;
         }
+        let CacheSettings { local_pages, mode, write, .. } = args.cache_settings(&name)?;
         let config = CacheConfig { local_pages, mode, write, ..CacheConfig::default() };
         let cache = CacheLayer::new(backing, tier, config);
         tracing::info!(export = %name, backing = %spec, size = cache.size(), "export ready");
@@ -485,26 +564,24 @@ pub struct OpenedPool {
 /// (`--state-dir`) the shared pool of that UUID, which a restarted process attaches to again.
 async fn open_pool(args: &ExportArgs, shared: Option<u128>) -> anyhow::Result<Option<OpenedPool>> {
     let mut engine = None;
-    let store: Arc<dyn AsyncPageStore> = if args.pool == "none" {
+    let pool_text = args.pool();
+    let store: Arc<dyn AsyncPageStore> = if pool_text == "none" {
         return Ok(None);
-    } else if let Some(size) = args.pool.strip_prefix("local:") {
-        let budget = parse_size(size).with_context(|| format!("--pool {}", args.pool))?;
+    } else if let Some(size) = pool_text.strip_prefix("local:") {
+        let budget = parse_size(size).with_context(|| format!("--pool {pool_text}"))?;
         let config = EngineBuilder::new(usize::try_from(budget).unwrap_or(usize::MAX)).build()?;
         let local = Arc::new(Engine::new(config));
         engine = Some(local.clone());
         local
-    } else if args.pool.starts_with("fallow://") {
+    } else if pool_text.starts_with("fallow://") {
         let Some(secret_file) = &args.secret_file else {
-            bail!("--pool {} needs --secret-file", args.pool);
+            bail!("--pool {pool_text} needs --secret-file");
         };
         let secret = fallow_node::config::read_secret(secret_file).map_err(anyhow::Error::msg)?;
         let tls = args.node_tls.client()?;
-        open_remote(&args.pool, secret, tls).await.with_context(|| format!("pool {}", args.pool))?
+        open_remote(pool_text, secret, tls).await.with_context(|| format!("pool {pool_text}"))?
     } else {
-        bail!(
-            "--pool {:?}: expected none, local:SIZE, fallow://HOST:PORT or fallow://A,B,...",
-            args.pool
-        );
+        bail!("--pool {pool_text:?}: expected none, local:SIZE, fallow://HOST:PORT or fallow://A,B,...");
     };
     let mut spec = PoolSpec { compress: args.compress, ..PoolSpec::ephemeral() };
     if let Some(uuid) = shared {

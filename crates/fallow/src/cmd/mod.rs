@@ -4,6 +4,7 @@ pub mod bench;
 pub mod exports;
 pub mod logging;
 pub mod nbd;
+pub mod nbd_file;
 pub mod node;
 pub mod serving;
 pub mod stat;

@@ -300,7 +300,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
             policy = %settings.policy,
             poll_us,
             cpus = %settings.cpus.as_ref().map_or("any".to_string(), CpuList::to_string),
-            "node started"
+            "fallow node ready"
         );
         // Made once, before the loop: a signal that comes while no stream listens is lost.
         let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;

@@ -11,7 +11,8 @@ use fallow_nbd::TlsPolicy;
 use fallow_tls::{ClientOptions, ServerOptions, TlsClient, TlsServer};
 
 /// `--tls`: whether NBD clients may, must or cannot use TLS.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum TlsMode {
     /// No TLS: STARTTLS is refused.
     #[default]
@@ -27,9 +28,9 @@ pub enum TlsMode {
 pub struct NbdTlsArgs {
     /// TLS for NBD clients (STARTTLS): off, on (the client chooses) or require (every
     /// other option is refused with NBD_REP_ERR_TLS_REQD until the client starts TLS).
-    /// Needs --tls-certificates or --tls-psk.
-    #[arg(long, value_name = "MODE", default_value = "off")]
-    pub tls: TlsMode,
+    /// Needs --tls-certificates or --tls-psk [default: off].
+    #[arg(long, value_name = "MODE")]
+    pub tls: Option<TlsMode>,
     /// Directory with ca-cert.pem, server-cert.pem and server-key.pem (the layout qemu's
     /// tls-creds-x509 and nbdkit's --tls-certificates use).
     #[arg(long, value_name = "DIR")]
@@ -48,14 +49,15 @@ impl NbdTlsArgs {
     /// The policy the flags ask for, its credentials loaded and checked.
     pub fn policy(&self) -> anyhow::Result<TlsPolicy> {
         let has_credentials = self.tls_certificates.is_some() || self.tls_psk.is_some();
-        if self.tls == TlsMode::Off {
+        let mode = self.tls.unwrap_or_default();
+        if mode == TlsMode::Off {
             if has_credentials || self.tls_verify_peer {
                 bail!("--tls-certificates, --tls-psk and --tls-verify-peer need --tls on or --tls require");
             }
             return Ok(TlsPolicy::Off);
         }
         if !has_credentials {
-            let mode = if self.tls == TlsMode::On { "on" } else { "require" };
+            let mode = if mode == TlsMode::On { "on" } else { "require" };
             bail!("--tls {mode} needs --tls-certificates DIR or --tls-psk FILE");
         }
         let server = TlsServer::new(&ServerOptions {
@@ -65,8 +67,8 @@ impl NbdTlsArgs {
             tls13_only: false,
         })
         .context("--tls")?;
-        tracing::info!(mode = ?self.tls, credentials = server.summary(), "NBD over TLS");
-        Ok(match self.tls {
+        tracing::info!(?mode, credentials = server.summary(), "NBD over TLS");
+        Ok(match mode {
             TlsMode::Require => TlsPolicy::Required(server),
             _ => TlsPolicy::Offered(server),
         })
