@@ -148,7 +148,7 @@ where
 }
 
 /// Relays `tls` through a socket pair, in a task that ends when either side closes.
-fn relay<S>(mut tls: fallow_tls::SslStream<S>) -> io::Result<(Reader, WriteHalf)>
+fn relay<S>(mut tls: fallow_tls::TlsStream<S>) -> io::Result<(Reader, WriteHalf)>
 where
     S: AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
