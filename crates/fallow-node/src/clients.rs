@@ -162,6 +162,33 @@ pub struct Clients {
 }
 
 impl Clients {
+    /// Every client with its engine pools (not its cluster pools, which live on other
+    /// nodes), for a restart's snapshot.
+    pub fn for_restart(&self) -> Vec<(u128, Vec<(PoolId, PoolSpec)>)> {
+        let table = self.table.lock();
+        let mut clients: Vec<_> = table
+            .iter()
+            .map(|(id, e)| {
+                let mut pools: Vec<_> =
+                    e.client.pools.read().iter().map(|(p, s)| (*p, *s)).collect();
+                pools.sort_by_key(|(p, _)| *p);
+                (*id, pools)
+            })
+            .collect();
+        clients.sort_by_key(|(id, _)| *id);
+        clients
+    }
+
+    /// Knows client `id` again, with its pools (restored in the engine already), as a
+    /// restarted node does: idle from now, so its lease runs from the restart.
+    pub fn restore(&self, id: u128, pools: impl IntoIterator<Item = (PoolId, PoolSpec)>) {
+        let client = Client::default();
+        client.pools.write().extend(pools);
+        let entry =
+            Entry { client: Arc::new(client), connections: 0, idle_since: Some(Instant::now()) };
+        self.table.lock().insert(id, entry);
+    }
+
     /// Registers a new connection of client `id`, returning the client.
     pub fn connect(&self, id: u128) -> Arc<Client> {
         let mut table = self.table.lock();

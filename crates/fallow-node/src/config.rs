@@ -112,6 +112,8 @@ pub struct ConfigFile {
     pub secret_file: Option<PathBuf>,
     /// Directory of the node protocol's TLS credentials, as for `--node-tls`.
     pub node_tls: Option<PathBuf>,
+    /// Where a clean stop writes the snapshot the next start loads, as for `--state-dir`.
+    pub state_dir: Option<PathBuf>,
     /// The log filter (`info`, `debug`, `fallow_node=debug,warn`, …); `FALLOW_LOG` wins.
     /// Changes on SIGHUP.
     pub log: Option<String>,
@@ -200,9 +202,11 @@ mod tests {
         let file: ConfigFile = toml::from_str(sample).unwrap();
         assert!(file.listen.is_some());
         // Commented-out settings parse too once uncommented.
-        let uncommented = sample.replace("# node_tls =", "node_tls =");
+        let uncommented =
+            sample.replace("# node_tls =", "node_tls =").replace("# state_dir =", "state_dir =");
         let file: ConfigFile = toml::from_str(&uncommented).unwrap();
         assert_eq!(file.node_tls, Some("/etc/fallow/tls".into()));
+        assert_eq!(file.state_dir, Some("/run/fallow/state".into()));
     }
 
     #[test]

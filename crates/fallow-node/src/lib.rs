@@ -19,6 +19,7 @@
 //! `membership`: joining the cluster (`fallow-cluster`) and publishing capacity.
 //! `forward`: peer forwarding, cluster pools served through an embedded cluster client.
 //! [`summary`]: the content summary (a Bloom filter) for clients that dedup across nodes.
+//! [`restart`]: the snapshot a clean stop writes and the next start loads (warm restart).
 
 // Bytes from the network or a disk never panic the process (STYLE.md rule 7): no unwrap,
 // expect or unchecked indexing outside tests; an index that holds by construction says
@@ -34,6 +35,7 @@ pub mod lending;
 mod membership;
 pub mod metrics;
 mod node;
+pub mod restart;
 mod server;
 pub mod summary;
 

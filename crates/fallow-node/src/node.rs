@@ -39,11 +39,22 @@ impl Node {
     /// A node serving `engine` with `config`. `lending` is the governor that sized the
     /// budget (fixed or following the host); the node keeps it running while it lives.
     pub fn new(engine: Arc<Engine>, config: NodeConfig, lending: Option<GovernorHandle>) -> Self {
+        Self::with_id(engine, config, lending, rand::random())
+    }
+
+    /// [`Node::new`] under a given id: a node restarted from a snapshot keeps its id, so
+    /// that its clients see the same node with the same pools (`restart.rs`).
+    pub fn with_id(
+        engine: Arc<Engine>,
+        config: NodeConfig,
+        lending: Option<GovernorHandle>,
+        node_id: u128,
+    ) -> Self {
         let summaries = Summaries::new(config.summary);
         Self {
             engine,
             config,
-            node_id: rand::random(),
+            node_id,
             clients: Clients::default(),
             metrics: Metrics::new(),
             lending: parking_lot::Mutex::new(lending),

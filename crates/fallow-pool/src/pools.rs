@@ -203,6 +203,39 @@ impl PoolTable {
         v
     }
 
+    /// Every pool with its spec and how many creates or attaches it has (a snapshot for a
+    /// restart).
+    pub fn with_users(&self) -> Vec<(PoolId, PoolSpec, u32)> {
+        let mut v: Vec<_> = self.pools.iter().map(|(&id, e)| (id, e.state.spec, e.users)).collect();
+        v.sort_by_key(|(id, _, _)| *id);
+        v
+    }
+
+    /// Makes pool `id` again, as a restarted node restores it: the same id, spec and
+    /// users. Fails if the id is taken; later creates get ids above it.
+    pub fn restore(&mut self, id: PoolId, spec: &PoolSpec, users: u32) -> Result<(), StoreError> {
+        if self.pools.contains_key(&id) {
+            return Err(StoreError::InvalidSpec("a restored pool's id is taken"));
+        }
+        if let Sharing::Shared { uuid } = spec.sharing {
+            if self.by_uuid.contains_key(&uuid) {
+                return Err(StoreError::SharedPoolMismatch { uuid });
+            }
+            self.by_uuid.insert(uuid, id);
+        }
+        let dedup = self.dedup_scope(spec.dedup);
+        let state = Arc::new(PoolState {
+            spec: *spec,
+            dedup,
+            mask: domain_mask(dedup),
+            alive: AtomicBool::new(true),
+            counters: PoolCounters::default(),
+        });
+        self.pools.insert(id, Entry { state, users: users.max(1) });
+        self.next_id = self.next_id.max(id.0.saturating_add(1));
+        Ok(())
+    }
+
     /// Creates a pool, or attaches to the shared pool with the same UUID.
     pub fn create(&mut self, spec: &PoolSpec) -> Result<PoolId, StoreError> {
         if spec.quota_pages.is_some() && spec.kind == PoolKind::Ephemeral {

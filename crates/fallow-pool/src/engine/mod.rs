@@ -291,6 +291,30 @@ impl Engine {
         }
     }
 
+    /// Every pool with its spec and users, for a restart's snapshot.
+    pub fn pools_for_restart(&self) -> Vec<(PoolId, PoolSpec, u32)> {
+        self.inner.pools.read().with_users()
+    }
+
+    /// Recreates pool `id` with its spec and users (a restart): its id stays what its
+    /// clients know it by.
+    pub fn restore_pool(&self, id: PoolId, spec: &PoolSpec, users: u32) -> Result<(), StoreError> {
+        let mut table = self.inner.pools.write();
+        table.restore(id, spec, users)?;
+        self.inner.pool_snapshot.publish(&table);
+        Ok(())
+    }
+
+    /// Every key `pool` holds now, shard by shard (pages may come and go meanwhile).
+    pub fn pool_keys(&self, pool: PoolId) -> Vec<PageKey> {
+        let mut keys = Vec::new();
+        for shard in self.inner.shards.iter() {
+            let shard = shard.lock();
+            keys.extend(shard.slots().map(|(_, slot)| slot.key).filter(|k| k.pool == pool));
+        }
+        keys
+    }
+
     /// Counters of one pool.
     pub fn pool_stats(&self, pool: PoolId) -> Result<PoolStats, StoreError> {
         let state = self.inner.pools.read().get(pool)?;

@@ -9,7 +9,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use fallow_net::cpus::CpuList;
 use fallow_node::lending::{parse_size, Governor, LendMode};
-use fallow_node::{ClusterSettings, ConfigFile, ListenAddr, Node, NodeConfig, Server};
+use fallow_node::{restart, ClusterSettings, ConfigFile, ListenAddr, Node, NodeConfig, Server};
 use fallow_pool::{Engine, EngineBuilder};
 
 use super::serving::{read_polling, server_runtime, PollingArgs};
@@ -63,6 +63,11 @@ pub struct NodeArgs {
     secret_file: Option<PathBuf>,
     #[command(flatten)]
     node_tls: NodeTlsArgs,
+    /// Warm restarts: a clean stop (SIGTERM) writes the node's pages, pools and clients
+    /// into DIR, and a start over the same DIR serves them again under the same node and
+    /// pool ids. Put DIR in memory (/run, /dev/shm). After a crash the node starts empty.
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
     /// Serve Prometheus metrics at http://ADDR/metrics.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
@@ -123,6 +128,8 @@ struct Settings {
     log: Option<String>,
     /// `--node-tls`: the credentials' directory.
     tls_dir: Option<PathBuf>,
+    /// `--state-dir`: where a clean stop leaves the snapshot.
+    state_dir: Option<PathBuf>,
 }
 
 fn settings(args: NodeArgs) -> anyhow::Result<Settings> {
@@ -233,7 +240,8 @@ fn settings(args: NodeArgs) -> anyhow::Result<Settings> {
         .policy
         .or(file.policy)
         .unwrap_or_else(|| fallow_pool::eviction::DEFAULT_POLICY.to_string());
-    Ok(Settings { config, lend, policy, cpus, log: file.log, tls_dir })
+    let state_dir = args.state_dir.or(file.state_dir);
+    Ok(Settings { config, lend, policy, cpus, log: file.log, tls_dir, state_dir })
 }
 
 /// Gossip settings from the flags, else the file (each argument is a flag's value and the
@@ -286,7 +294,29 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     let engine = Arc::new(Engine::new(engine_config));
     let governor = Governor::start(engine.clone(), &settings.lend).context("lending governor")?;
     let poll_us = settings.config.read_polling.window.as_micros();
-    let node = Arc::new(Node::new(engine, settings.config.clone(), Some(governor)));
+    let snapshot = match &settings.state_dir {
+        Some(dir) => checked_snapshot(dir),
+        None => None,
+    };
+    let node = match &snapshot {
+        Some(checked) => {
+            Node::with_id(engine, settings.config.clone(), Some(governor), checked.node_id)
+        }
+        None => Node::new(engine, settings.config.clone(), Some(governor)),
+    };
+    let node = Arc::new(node);
+    if let Some(checked) = snapshot {
+        match restart::restore(checked, &node) {
+            Ok(r) => tracing::info!(
+                pools = r.pools,
+                clients = r.clients,
+                pages = r.pages,
+                elapsed_ms = r.elapsed.as_millis() as u64,
+                "restored the snapshot of the last clean stop (warm restart)"
+            ),
+            Err(err) => anyhow::bail!("restoring the snapshot: {err}"),
+        }
+    }
     let runtime = server_runtime("fallow-node", settings.cpus.as_ref())?;
     runtime.block_on(async move {
         let server = Server::start(node.clone()).await?;
@@ -323,8 +353,39 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         }
         tracing::info!("stopping");
         server.shutdown().await;
+        if let Some(dir) = settings.state_dir.clone() {
+            let saving = node.clone();
+            let saved = tokio::task::spawn_blocking(move || restart::save(&saving, &dir)).await?;
+            match saved {
+                Ok(r) => tracing::info!(
+                    pools = r.pools,
+                    clients = r.clients,
+                    pages = r.pages,
+                    bytes = r.bytes,
+                    elapsed_ms = r.elapsed.as_millis() as u64,
+                    "wrote the snapshot for the next start"
+                ),
+                Err(err) => {
+                    tracing::error!(%err, "could not write the snapshot: the next start is empty")
+                }
+            }
+        }
         Ok(())
     })
+}
+
+/// The snapshot in `dir`, checked; a damaged one is logged, set aside and not used.
+fn checked_snapshot(dir: &std::path::Path) -> Option<restart::Checked> {
+    match restart::check(dir) {
+        Ok(checked) => checked,
+        Err(err) => {
+            let path = restart::snapshot_path(dir);
+            let aside = path.with_extension("damaged");
+            let _ = std::fs::rename(&path, &aside);
+            tracing::error!(%err, kept = %aside.display(), "starting empty");
+            None
+        }
+    }
 }
 
 /// SIGHUP: reads the config file again (the flags still win over it), applies what can
@@ -394,6 +455,7 @@ fn restart_only_changes(running: &Settings, new: &Settings) -> Vec<&'static str>
         ("summary_*", a.summary != b.summary),
         ("poll_us", a.read_polling != b.read_polling),
         ("cpus", running.cpus != new.cpus),
+        ("state_dir", running.state_dir != new.state_dir),
     ]
     .into_iter()
     .filter_map(|(name, changed)| changed.then_some(name))

@@ -1,0 +1,362 @@
+//! Warm restart: the snapshot a clean stop writes into `--state-dir`, and the next start
+//! loads, so that a restarted node serves the same pages under the same node id, pool ids
+//! and clients.
+//!
+//! ```text
+//!  "FALLOWS1"  node id u128
+//!  pools   u32, each: id u32 · kind u8 · shared u8 · uuid u128 · dedup u8 · domain u64 ·
+//!                     compress u8 · quota? u8 · quota u64 · users u32
+//!  clients u32, each: id u128 · pools u32 · pool ids u32…
+//!  pages, each: pool u32 · object u64 · index u64 · 4096 bytes
+//!  0xffffffff (no pool has this id) · the count of pages u64
+//!  crc32c of everything before it, u32                      (all integers little-endian)
+//! ```
+//!
+//! The file is written under another name and renamed when complete, checked whole
+//! (its CRC) before anything is restored, and removed once restored: a node that crashes
+//! later must not come back with pages older than what it served since. After a crash
+//! there is no snapshot and the node starts empty: nothing it serves can be stale.
+//! A cluster keeps a second copy of every persistent page on another node
+//! (docs/cluster.md), which is what a crash leaves. A client's cluster pools (peer
+//! forwarding) live on other nodes and are not in the snapshot.
+//!
+//! `DIR` should be in memory (tmpfs: `/run`, `/dev/shm`): the snapshot is as large as the
+//! pages, it exists only between a stop and the next start, and while it exists it is
+//! memory the lent budget does not count (docs/governor.md).
+
+use std::fs::File;
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use fallow_core::{
+    DedupScope, PageKey, PageStore, PoolId, PoolKind, PoolSpec, Sharing, TrustDomain, PAGE_SIZE,
+};
+
+use crate::node::Node;
+
+const MAGIC: &[u8; 8] = b"FALLOWS1";
+
+/// Where a pool id would be, the end of the pages: engine pool ids stay below 2³¹.
+const END: u32 = u32::MAX;
+
+/// Pages put back per engine call.
+const RESTORE_BATCH: usize = 256;
+
+/// The snapshot's file in a state directory.
+pub fn snapshot_path(dir: &Path) -> PathBuf {
+    dir.join("node.snapshot")
+}
+
+/// What a save or a restore did.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Report {
+    /// Pools.
+    pub pools: usize,
+    /// Clients.
+    pub clients: usize,
+    /// Pages written, or put back.
+    pub pages: u64,
+    /// Bytes of the file.
+    pub bytes: u64,
+    /// How long it took.
+    pub elapsed: Duration,
+}
+
+/// Writes `node`'s pools, clients and pages into `dir` (created if missing), after the
+/// node stopped serving. Pages that go meanwhile (the governor shrinking) are left out.
+pub fn save(node: &Node, dir: &Path) -> io::Result<Report> {
+    let started = Instant::now();
+    std::fs::create_dir_all(dir)?;
+    let path = snapshot_path(dir);
+    let partial = dir.join("node.snapshot.partial");
+    let mut out = Crc::new(BufWriter::with_capacity(1 << 20, File::create(&partial)?));
+    let engine = node.engine();
+    let pools = engine.pools_for_restart();
+    let clients = node.clients().for_restart();
+    out.write_all(MAGIC)?;
+    out.write_all(&node.node_id().to_le_bytes())?;
+    out.write_all(&(pools.len() as u32).to_le_bytes())?;
+    for (id, spec, users) in &pools {
+        out.write_all(&id.0.to_le_bytes())?;
+        write_spec(&mut out, spec)?;
+        out.write_all(&users.to_le_bytes())?;
+    }
+    out.write_all(&(clients.len() as u32).to_le_bytes())?;
+    for (id, held) in &clients {
+        out.write_all(&id.to_le_bytes())?;
+        out.write_all(&(held.len() as u32).to_le_bytes())?;
+        for (pool, _) in held {
+            out.write_all(&pool.0.to_le_bytes())?;
+        }
+    }
+    // Page by page, each read as it is written: one that went meanwhile (the governor
+    // shrinking) is left out. The end is marked, and the count follows it.
+    let mut written = 0u64;
+    let mut page = vec![0u8; PAGE_SIZE];
+    for (id, _, _) in &pools {
+        for key in engine.pool_keys(*id) {
+            if !matches!(engine.get(key, &mut page), Ok(fallow_core::Lookup::Hit)) {
+                continue;
+            }
+            out.write_all(&key.pool.0.to_le_bytes())?;
+            out.write_all(&key.object.to_le_bytes())?;
+            out.write_all(&key.index.to_le_bytes())?;
+            out.write_all(&page)?;
+            written += 1;
+        }
+    }
+    out.write_all(&END.to_le_bytes())?;
+    out.write_all(&written.to_le_bytes())?;
+    let (mut file, crc) = out.finish();
+    file.write_all(&crc.to_le_bytes())?;
+    let file = file.into_inner().map_err(|e| e.into_error())?;
+    file.sync_all()?;
+    let bytes = file.metadata()?.len();
+    std::fs::rename(&partial, &path)?;
+    Ok(Report {
+        pools: pools.len(),
+        clients: clients.len(),
+        pages: written,
+        bytes,
+        elapsed: started.elapsed(),
+    })
+}
+
+/// A snapshot whose CRC was checked, not restored yet.
+#[derive(Debug)]
+pub struct Checked {
+    path: PathBuf,
+    /// The id of the node that wrote it, which the restarted node takes again.
+    pub node_id: u128,
+}
+
+/// Finds and checks the snapshot in `dir`: `Ok(None)` when there is none; an error when
+/// it is damaged (truncated, altered), which the caller logs and removes.
+pub fn check(dir: &Path) -> io::Result<Option<Checked>> {
+    let path = snapshot_path(dir);
+    let file = match File::open(&path) {
+        Ok(file) => file,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(err) => return Err(err),
+    };
+    let len = file.metadata()?.len();
+    if len < (MAGIC.len() + 16 + 4) as u64 {
+        return Err(damaged("shorter than its header"));
+    }
+    let mut reader = BufReader::with_capacity(1 << 20, file);
+    let mut crc = 0u32;
+    let mut remaining = len - 4;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut head = Vec::new();
+    while remaining > 0 {
+        let n = (remaining as usize).min(buf.len());
+        let chunk = buf.get_mut(..n).unwrap_or_default();
+        reader.read_exact(chunk)?;
+        crc = crc32c::crc32c_append(crc, chunk);
+        if head.len() < MAGIC.len() + 16 {
+            head.extend_from_slice(chunk.get(..(MAGIC.len() + 16).min(n)).unwrap_or_default());
+        }
+        remaining -= n as u64;
+    }
+    let mut stored = [0u8; 4];
+    reader.read_exact(&mut stored)?;
+    if u32::from_le_bytes(stored) != crc {
+        return Err(damaged("its checksum does not match"));
+    }
+    if head.get(..MAGIC.len()) != Some(&MAGIC[..]) {
+        return Err(damaged("not a fallow node snapshot"));
+    }
+    let node_id = head
+        .get(MAGIC.len()..MAGIC.len() + 16)
+        .and_then(|b| <[u8; 16]>::try_from(b).ok())
+        .map(u128::from_le_bytes)
+        .ok_or_else(|| damaged("no node id"))?;
+    Ok(Some(Checked { path, node_id }))
+}
+
+/// Restores a checked snapshot into `node` (made with its id), then removes the file.
+/// Pages the engine refuses (a smaller budget now) are skipped.
+pub fn restore(checked: Checked, node: &Node) -> io::Result<Report> {
+    let started = Instant::now();
+    let file = File::open(&checked.path)?;
+    let bytes = file.metadata()?.len();
+    let mut r = BufReader::with_capacity(1 << 20, file);
+    let mut magic = [0u8; 8];
+    r.read_exact(&mut magic)?;
+    let _node_id = read_u128(&mut r)?;
+    let engine = node.engine();
+    let pools = read_u32(&mut r)? as usize;
+    let mut specs = std::collections::HashMap::new();
+    for _ in 0..pools {
+        let id = PoolId(read_u32(&mut r)?);
+        let spec = read_spec(&mut r)?;
+        let users = read_u32(&mut r)?;
+        engine
+            .restore_pool(id, &spec, users)
+            .map_err(|e| io::Error::other(format!("pool {id}: {e}")))?;
+        specs.insert(id, spec);
+    }
+    let clients = read_u32(&mut r)? as usize;
+    for _ in 0..clients {
+        let id = read_u128(&mut r)?;
+        let held = read_u32(&mut r)? as usize;
+        let mut pools = Vec::with_capacity(held.min(4096));
+        for _ in 0..held {
+            let pool = PoolId(read_u32(&mut r)?);
+            let spec =
+                specs.get(&pool).ok_or_else(|| damaged("a client holds a pool not in it"))?;
+            pools.push((pool, *spec));
+        }
+        node.clients().restore(id, pools);
+    }
+    let mut keys = Vec::with_capacity(RESTORE_BATCH);
+    let mut data = Vec::with_capacity(RESTORE_BATCH * PAGE_SIZE);
+    let mut restored = 0u64;
+    let mut put = |keys: &mut Vec<PageKey>, data: &mut Vec<u8>| {
+        if let Ok(outcomes) = engine.put_many(keys, data) {
+            let stored = outcomes.iter().filter(|o| **o == fallow_core::PutOutcome::Stored);
+            restored += stored.count() as u64;
+        }
+        keys.clear();
+        data.clear();
+    };
+    let mut read = 0u64;
+    loop {
+        let pool = read_u32(&mut r)?;
+        if pool == END {
+            break;
+        }
+        let object = read_u64(&mut r)?;
+        let index = read_u64(&mut r)?;
+        let at = data.len();
+        data.resize(at + PAGE_SIZE, 0);
+        r.read_exact(data.get_mut(at..).unwrap_or_default())?;
+        keys.push(PageKey::new(PoolId(pool), object, index));
+        read += 1;
+        if keys.len() == RESTORE_BATCH {
+            put(&mut keys, &mut data);
+        }
+    }
+    if read_u64(&mut r)? != read {
+        return Err(damaged("its page count does not match its pages"));
+    }
+    put(&mut keys, &mut data);
+    drop(r);
+    std::fs::remove_file(&checked.path)?;
+    Ok(Report { pools, clients, pages: restored, bytes, elapsed: started.elapsed() })
+}
+
+fn damaged(why: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, format!("the snapshot is damaged: {why}"))
+}
+
+fn write_spec(out: &mut impl Write, spec: &PoolSpec) -> io::Result<()> {
+    let kind = u8::from(spec.kind == PoolKind::Persistent);
+    let (shared, uuid) = match spec.sharing {
+        Sharing::Private => (0u8, 0u128),
+        Sharing::Shared { uuid } => (1, uuid),
+    };
+    let (dedup, domain) = match spec.dedup {
+        DedupScope::Off => (0u8, 0u64),
+        DedupScope::Domain(TrustDomain(d)) => (1, d),
+    };
+    out.write_all(&[kind, shared])?;
+    out.write_all(&uuid.to_le_bytes())?;
+    out.write_all(&[dedup])?;
+    out.write_all(&domain.to_le_bytes())?;
+    out.write_all(&[u8::from(spec.compress), u8::from(spec.quota_pages.is_some())])?;
+    out.write_all(&spec.quota_pages.unwrap_or(0).to_le_bytes())
+}
+
+fn read_spec(r: &mut impl Read) -> io::Result<PoolSpec> {
+    let kind = if read_u8(r)? == 1 { PoolKind::Persistent } else { PoolKind::Ephemeral };
+    let shared = read_u8(r)?;
+    let uuid = read_u128(r)?;
+    let dedup = read_u8(r)?;
+    let domain = read_u64(r)?;
+    let compress = read_u8(r)? == 1;
+    let has_quota = read_u8(r)? == 1;
+    let quota = read_u64(r)?;
+    Ok(PoolSpec {
+        kind,
+        sharing: if shared == 1 { Sharing::Shared { uuid } } else { Sharing::Private },
+        dedup: if dedup == 1 { DedupScope::Domain(TrustDomain(domain)) } else { DedupScope::Off },
+        compress,
+        quota_pages: has_quota.then_some(quota),
+    })
+}
+
+fn read_u8(r: &mut impl Read) -> io::Result<u8> {
+    let mut b = [0u8; 1];
+    r.read_exact(&mut b)?;
+    Ok(u8::from_le_bytes(b))
+}
+
+fn read_u32(r: &mut impl Read) -> io::Result<u32> {
+    let mut b = [0u8; 4];
+    r.read_exact(&mut b)?;
+    Ok(u32::from_le_bytes(b))
+}
+
+fn read_u64(r: &mut impl Read) -> io::Result<u64> {
+    let mut b = [0u8; 8];
+    r.read_exact(&mut b)?;
+    Ok(u64::from_le_bytes(b))
+}
+
+fn read_u128(r: &mut impl Read) -> io::Result<u128> {
+    let mut b = [0u8; 16];
+    r.read_exact(&mut b)?;
+    Ok(u128::from_le_bytes(b))
+}
+
+/// A writer that keeps the CRC-32C of what went through it.
+struct Crc<W> {
+    inner: W,
+    crc: u32,
+}
+
+impl<W: Write> Crc<W> {
+    fn new(inner: W) -> Self {
+        Crc { inner, crc: 0 }
+    }
+
+    fn finish(self) -> (W, u32) {
+        (self.inner, self.crc)
+    }
+}
+
+impl<W: Write> Write for Crc<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.crc = crc32c::crc32c_append(self.crc, buf.get(..n).unwrap_or_default());
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_of_pool_spec_round_trips() {
+        let specs = [
+            PoolSpec::ephemeral(),
+            PoolSpec::persistent(),
+            PoolSpec::ephemeral().shared(0x0102_0304_0506_0708_090a_0b0c_0d0e_0f10),
+            PoolSpec { quota_pages: Some(77), compress: true, ..PoolSpec::persistent() },
+            PoolSpec { dedup: DedupScope::Off, ..PoolSpec::ephemeral() },
+            PoolSpec { dedup: DedupScope::Domain(TrustDomain(u64::MAX)), ..PoolSpec::ephemeral() },
+        ];
+        for spec in specs {
+            let mut bytes = Vec::new();
+            write_spec(&mut bytes, &spec).unwrap();
+            assert_eq!(read_spec(&mut bytes.as_slice()).unwrap(), spec);
+        }
+    }
+}
