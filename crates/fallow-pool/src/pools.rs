@@ -223,14 +223,7 @@ impl PoolTable {
             }
             self.by_uuid.insert(uuid, id);
         }
-        let dedup = self.dedup_scope(spec.dedup);
-        let state = Arc::new(PoolState {
-            spec: *spec,
-            dedup,
-            mask: domain_mask(dedup),
-            alive: AtomicBool::new(true),
-            counters: PoolCounters::default(),
-        });
+        let state = self.new_state(spec);
         self.pools.insert(id, Entry { state, users: users.max(1) });
         self.next_id = self.next_id.max(id.0.saturating_add(1));
         Ok(())
@@ -255,19 +248,24 @@ impl PoolTable {
         }
         let id = PoolId(self.next_id);
         self.next_id = self.next_id.checked_add(1).ok_or(StoreError::TooManyPools)?;
-        let dedup = self.dedup_scope(spec.dedup);
-        let state = Arc::new(PoolState {
-            spec: *spec,
-            dedup,
-            mask: domain_mask(dedup),
-            alive: AtomicBool::new(true),
-            counters: PoolCounters::default(),
-        });
+        let state = self.new_state(spec);
         self.pools.insert(id, Entry { state, users: 1 });
         if let Sharing::Shared { uuid } = spec.sharing {
             self.by_uuid.insert(uuid, id);
         }
         Ok(id)
+    }
+
+    /// The state of a new pool of `spec`, its dedup scope settled.
+    fn new_state(&mut self, spec: &PoolSpec) -> Arc<PoolState> {
+        let dedup = self.dedup_scope(spec.dedup);
+        Arc::new(PoolState {
+            spec: *spec,
+            dedup,
+            mask: domain_mask(dedup),
+            alive: AtomicBool::new(true),
+            counters: PoolCounters::default(),
+        })
     }
 
     /// The scope a new pool with `scope` dedups in. Pages of two domains are kept apart by

@@ -29,8 +29,8 @@ use std::task::{Context, Poll};
 use openssl::asn1::Asn1Time;
 use openssl::error::ErrorStack;
 use openssl::ssl::{
-    Ssl, SslAcceptor, SslConnector, SslContext, SslFiletype, SslMethod, SslOptions, SslRef,
-    SslVerifyMode, SslVersion,
+    Ssl, SslAcceptor, SslConnector, SslContext, SslContextBuilder, SslFiletype, SslMethod,
+    SslOptions, SslRef, SslVerifyMode, SslVersion,
 };
 use openssl::x509::{X509Name, X509VerifyResult, X509};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -142,13 +142,7 @@ impl TlsServer {
         let mut summary = Vec::new();
         if let Some(dir) = &options.certificates {
             let (cert, key, ca) = (dir.join(SERVER_CERT), dir.join(SERVER_KEY), dir.join(CA_CERT));
-            readable(&cert)?;
-            readable(&key)?;
-            builder.set_certificate_chain_file(&cert).map_err(|e| TlsError::openssl(&cert, e))?;
-            builder
-                .set_private_key_file(&key, SslFiletype::PEM)
-                .map_err(|e| TlsError::openssl(&key, e))?;
-            builder.check_private_key().map_err(|e| TlsError::openssl(&key, e))?;
+            load_identity(&mut builder, &cert, &key)?;
             check_validity(&cert)?;
             summary.push(format!("certificate {}", cert.display()));
             if options.verify_peer {
@@ -250,14 +244,7 @@ impl TlsClient {
                 builder.set_ca_file(&ca).map_err(|e| TlsError::openssl(&ca, e))?;
                 let (cert, key) = (dir.join(CLIENT_CERT), dir.join(CLIENT_KEY));
                 if cert.exists() {
-                    readable(&key)?;
-                    builder
-                        .set_certificate_chain_file(&cert)
-                        .map_err(|e| TlsError::openssl(&cert, e))?;
-                    builder
-                        .set_private_key_file(&key, SslFiletype::PEM)
-                        .map_err(|e| TlsError::openssl(&key, e))?;
-                    builder.check_private_key().map_err(|e| TlsError::openssl(&key, e))?;
+                    load_identity(&mut builder, &cert, &key)?;
                 }
             }
             (None, Some(_)) => {}
@@ -500,6 +487,15 @@ fn check_validity(path: &Path) -> Result<(), TlsError> {
         tracing::warn!(path = %path.display(), not_after = %cert.not_after(), "the TLS certificate expires soon");
     }
     Ok(())
+}
+
+/// Loads a certificate (with its chain) and its private key, and checks that they match.
+fn load_identity(builder: &mut SslContextBuilder, cert: &Path, key: &Path) -> Result<(), TlsError> {
+    readable(cert)?;
+    readable(key)?;
+    builder.set_certificate_chain_file(cert).map_err(|e| TlsError::openssl(cert, e))?;
+    builder.set_private_key_file(key, SslFiletype::PEM).map_err(|e| TlsError::openssl(key, e))?;
+    builder.check_private_key().map_err(|e| TlsError::openssl(key, e))
 }
 
 fn readable(path: &Path) -> Result<(), TlsError> {

@@ -11,8 +11,6 @@
 mod support;
 
 use std::fs::File;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -25,22 +23,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// A backstop for the fio script, which bounds its own commands to 60 s each.
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(180);
 
-/// The body of `GET /metrics` on `addr`.
-fn scrape(addr: &str) -> String {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(stream, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
-    let mut text = String::new();
-    stream.read_to_string(&mut text).unwrap();
-    text
-}
-
-/// The value of the metric line that starts with `name{` and contains `labels`.
-fn metric(text: &str, name: &str, labels: &str) -> Option<u64> {
-    text.lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(labels))
-        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
-}
+use support::{metric, scrape};
 
 #[test]
 fn fio_verifies_through_a_cluster_while_a_node_is_killed() {
@@ -109,14 +92,15 @@ fn fio_verifies_through_a_cluster_while_a_node_is_killed() {
     let status = fio.wait_until(started + SCRIPT_TIMEOUT);
     let output = std::fs::read_to_string(&out).unwrap_or_default();
     let text = scrape(&metrics);
-    let pool_reads = metric(&text, "fallow_nbd_cache_pages_read_total", "tier=\"pool\"");
-    let errors = metric(&text, "fallow_nbd_pool_errors_total", "export=\"fio\"");
-    let trusted = metric(&text, "fallow_nbd_pool_trusted", "export=\"fio\"");
+    let pool_reads: Option<u64> =
+        metric(&text, "fallow_nbd_cache_pages_read_total", "tier=\"pool\"");
+    let errors: Option<u64> = metric(&text, "fallow_nbd_pool_errors_total", "export=\"fio\"");
+    let trusted: Option<u64> = metric(&text, "fallow_nbd_pool_trusted", "export=\"fio\"");
     println!(
         "fio through a 3-node cluster, one SIGKILLed: {status:?} in {:?}; pages read from \
          the pool {pool_reads:?} ({:?} before the kill), pool errors {errors:?}",
         started.elapsed(),
-        metric(&before_kill, "fallow_nbd_cache_pages_read_total", "tier=\"pool\"")
+        metric::<u64>(&before_kill, "fallow_nbd_cache_pages_read_total", "tier=\"pool\"")
     );
     assert!(
         status.is_some_and(|s| s.success()),

@@ -189,25 +189,12 @@ fn assert_nbdinfo_refused(uri: &str) -> String {
     text
 }
 
-/// The body of `GET /metrics` on `addr`.
-fn scrape(addr: &str) -> String {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(stream, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
-    let mut text = String::new();
-    stream.read_to_string(&mut text).unwrap();
-    text
-}
-
 /// `fallow_nbd_negotiation_failures_total{reason="REASON"}` on the metrics at `addr`; 0
 /// while no failure of that kind has happened (the series is not there yet).
 fn negotiation_failures(addr: &str, reason: &str) -> u64 {
     let label = format!("reason=\"{reason}\"");
-    scrape(addr)
-        .lines()
-        .filter(|l| l.starts_with("fallow_nbd_negotiation_failures_total{") && l.contains(&label))
-        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap_or(0)
+    let text = support::scrape(addr);
+    support::metric(&text, "fallow_nbd_negotiation_failures_total", &label).unwrap_or(0)
 }
 
 /// Waits until the `reason` failures on `server`'s metrics number `want`, and asserts that

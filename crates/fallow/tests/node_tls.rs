@@ -112,22 +112,7 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// The body of `GET /metrics` on `addr`.
-fn scrape(addr: &str) -> String {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(stream, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
-    let mut text = String::new();
-    stream.read_to_string(&mut text).unwrap();
-    text
-}
-
-/// The value of the metric line that starts with `name{` and contains `labels`.
-fn metric(text: &str, name: &str, labels: &str) -> Option<u64> {
-    text.lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(labels))
-        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
-}
+use support::{metric, scrape};
 
 /// How many rejections of `kind` the node with metrics at `addr` has counted.
 fn rejections(addr: &str, kind: &str) -> u64 {
@@ -419,8 +404,9 @@ fn an_nbd_export_caches_in_a_tls_cluster() {
     let (ok, text) = support::qemu_io(&uri, &commands);
     assert!(ok && !text.contains("fail") && !text.contains("rror"), "{text}");
     let scraped = scrape(&metrics);
-    let pool_reads = metric(&scraped, "fallow_nbd_cache_pages_read_total", "tier=\"pool\"");
-    let errors = metric(&scraped, "fallow_nbd_pool_errors_total", "export=\"d\"");
+    let pool_reads: Option<u64> =
+        metric(&scraped, "fallow_nbd_cache_pages_read_total", "tier=\"pool\"");
+    let errors: Option<u64> = metric(&scraped, "fallow_nbd_pool_errors_total", "export=\"d\"");
     assert!(pool_reads.is_some_and(|n| n > 0), "the pool served no read:\n{scraped}");
     assert_eq!(errors, Some(0), "a pool error reached the cache:\n{scraped}");
     // Every node holds some of the export's pages: the client spoke TLS to each.
@@ -521,7 +507,8 @@ fn cluster_pools_are_forwarded_between_tls_nodes() {
         assert!(count.is_some_and(|n| n > 0), "no page reached {addr}:\n{output}");
     }
     let scraped = scrape(&metrics[0]);
-    let forwarded = metric(&scraped, "fallow_node_forwarded_requests_total", "op=\"put\"");
+    let forwarded: Option<u64> =
+        metric(&scraped, "fallow_node_forwarded_requests_total", "op=\"put\"");
     assert!(forwarded.is_some_and(|n| n > 0), "nothing forwarded:\n{scraped}");
     for (node, metrics) in nodes.iter_mut().zip(&metrics) {
         assert_eq!(rejections(metrics, "tls_handshake"), 0, "a peer handshake failed");

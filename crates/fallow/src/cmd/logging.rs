@@ -38,3 +38,29 @@ pub fn set_filter(spec: &str) -> anyhow::Result<()> {
     handle.reload(filter).context("changing the log filter")?;
     Ok(())
 }
+
+/// The end of a config reload (SIGHUP): the settings that wait for a restart, in one
+/// warning, and what was applied (or that nothing was), in one line; `daemon` names the
+/// process in the warning ("node", "server").
+pub fn report_reload(daemon: &str, applied: &[String], waiting: &[String]) {
+    if !waiting.is_empty() {
+        tracing::warn!(
+            settings = %waiting.join(", "),
+            "changed in the config file; they take effect when the {daemon} restarts"
+        );
+    }
+    let applied = if applied.is_empty() { "nothing".to_string() } else { applied.join("; ") };
+    tracing::info!(%applied, "config reloaded");
+}
+
+/// Applies a reloaded file's `log` filter (unless `FALLOW_LOG` decides it); says so in
+/// `applied`, or logs why the old filter stays.
+pub fn reload_filter(spec: &str, applied: &mut Vec<String>) {
+    if set_by_environment() {
+        return;
+    }
+    match set_filter(spec) {
+        Ok(()) => applied.push(format!("log {spec}")),
+        Err(err) => tracing::error!(error = %format!("{err:#}"), "the log filter stays"),
+    }
+}

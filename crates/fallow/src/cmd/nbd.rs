@@ -190,11 +190,8 @@ fn reload(
     };
     let mut applied = Vec::new();
     let mut waiting = restart_only_changes(started, &new);
-    if let (Some(spec), false) = (log, logging::set_by_environment()) {
-        match logging::set_filter(&spec) {
-            Ok(()) => applied.push(format!("log {spec}")),
-            Err(err) => tracing::error!(error = %format!("{err:#}"), "the log filter stays"),
-        }
+    if let Some(spec) = log {
+        logging::reload_filter(&spec, &mut applied);
     }
     for ((name, then), export) in wanted.into_iter().zip(exports) {
         let Some(now) = in_force.get_mut(&name) else { continue };
@@ -222,14 +219,7 @@ fn reload(
             waiting.push(format!("{name}: mode"));
         }
     }
-    if !waiting.is_empty() {
-        tracing::warn!(
-            settings = %waiting.join(", "),
-            "changed in the config file; they take effect when the server restarts"
-        );
-    }
-    let applied = if applied.is_empty() { "nothing".to_string() } else { applied.join("; ") };
-    tracing::info!(%applied, "config reloaded");
+    logging::report_reload("server", &applied, &waiting);
 }
 
 /// The settings that differ between `running` and `new` and cannot change while the

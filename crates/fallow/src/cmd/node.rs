@@ -416,23 +416,13 @@ fn reload(args: &NodeArgs, mut running: Settings, node: &Node) -> Settings {
         applied.push(format!("lend {} (was {})", new.lend, running.lend));
         running.lend = new.lend.clone();
     }
-    if new.log != running.log && !logging::set_by_environment() {
-        let spec = new.log.as_deref().unwrap_or("info");
-        match logging::set_filter(spec) {
-            Ok(()) => applied.push(format!("log {spec}")),
-            Err(err) => tracing::error!(error = %format!("{err:#}"), "the log filter stays"),
-        }
+    if new.log != running.log {
+        logging::reload_filter(new.log.as_deref().unwrap_or("info"), &mut applied);
         running.log = new.log.clone();
     }
-    let waiting = restart_only_changes(&running, &new);
-    if !waiting.is_empty() {
-        tracing::warn!(
-            settings = %waiting.join(", "),
-            "changed in the config file; they take effect when the node restarts"
-        );
-    }
-    let applied = if applied.is_empty() { "nothing".to_string() } else { applied.join(", ") };
-    tracing::info!(%applied, "config reloaded");
+    let waiting: Vec<String> =
+        restart_only_changes(&running, &new).into_iter().map(String::from).collect();
+    logging::report_reload("node", &applied, &waiting);
     node.metrics().reloaded(true);
     running
 }

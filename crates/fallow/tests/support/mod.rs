@@ -135,8 +135,8 @@ pub fn scrape(addr: &str) -> String {
 }
 
 /// The value of the first metric line of `text` that starts with `name{` and contains
-/// `labels`.
-pub fn metric(text: &str, name: &str, labels: &str) -> Option<f64> {
+/// `labels`, as the caller's number type (a counter's integer, a gauge's float).
+pub fn metric<T: std::str::FromStr>(text: &str, name: &str, labels: &str) -> Option<T> {
     text.lines()
         .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(labels))
         .find_map(|l| l.rsplit(' ').next()?.parse().ok())
