@@ -330,13 +330,44 @@ impl<S> TlsStream<S> {
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsStream<S> {
+    /// One TLS read yields one record; a client that pipelines small requests (NBD) sends
+    /// a record per request. So after the first, the records OpenSSL already holds (read
+    /// ahead from the socket) are read too, while there is room: the caller gets the whole
+    /// burst at once and answers it together, as it would in the clear.
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        let this = &mut *self;
+        let before = buf.filled().len();
+        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {}
+            other => return other,
+        }
+        while buf.remaining() > 0 && buf.filled().len() > before && has_pending(this.inner.ssl()) {
+            let len = buf.filled().len();
+            match Pin::new(&mut this.inner).poll_read(cx, buf) {
+                Poll::Ready(Ok(())) if buf.filled().len() > len => {}
+                // The rest of a record still on its way, the end, or an error: what was
+                // read is returned now; an error or the end shows again on the next read.
+                _ => break,
+            }
+        }
+        Poll::Ready(Ok(()))
     }
+}
+
+/// Whether OpenSSL holds bytes of records not yet read (`SSL_has_pending`, OpenSSL 1.1.0
+/// and later), so that reading them needs no socket.
+fn has_pending(ssl: &SslRef) -> bool {
+    use foreign_types::ForeignTypeRef;
+    extern "C" {
+        fn SSL_has_pending(s: *const openssl_sys::SSL) -> std::os::raw::c_int;
+    }
+    // SAFETY: `ssl.as_ptr()` is a live SSL object for the borrow's length, and
+    // SSL_has_pending only reads its buffer counts.
+    unsafe { SSL_has_pending(ssl.as_ptr()) == 1 }
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for TlsStream<S> {
@@ -585,17 +616,7 @@ mod tests {
     /// A vectored write goes out whole in one TLS write, not just its first slice.
     #[tokio::test]
     async fn a_vectored_write_sends_every_slice_at_once() {
-        let dir = std::env::temp_dir().join(format!("fallow-tls-vec-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let keys = dir.join("keys.psk");
-        std::fs::write(&keys, format!("fallow:{}\n", "ef".repeat(32))).unwrap();
-        let server =
-            TlsServer::new(&ServerOptions { psk: Some(keys.clone()), ..Default::default() })
-                .unwrap();
-        let client =
-            TlsClient::new(&ClientOptions { psk: Some((keys, None)), ..Default::default() })
-                .unwrap();
-        std::fs::remove_dir_all(&dir).unwrap();
+        let (server, client) = psk_pair("vectored");
         let (a, b) = tokio::io::duplex(1 << 20);
         let serving = tokio::spawn(async move {
             let mut tls = server.accept(b).await.unwrap();
@@ -619,6 +640,44 @@ mod tests {
         assert_eq!(&got[..16], &head);
         assert_eq!(&got[16..4112], &data);
         assert_eq!(&got[4112..4128], &head);
+    }
+
+    /// Small records that arrived together come out of one read, as they would from a
+    /// plain socket.
+    #[tokio::test]
+    async fn one_read_takes_every_record_already_there() {
+        let (server, client) = psk_pair("burst");
+        let (a, b) = tokio::io::duplex(1 << 20);
+        let accepting = tokio::spawn(async move { server.accept(b).await.unwrap() });
+        let mut tls = client.connect("localhost", a).await.unwrap();
+        let mut server = accepting.await.unwrap();
+        for i in 0..8u8 {
+            tls.write_all(&[i; 32]).await.unwrap();
+            tls.flush().await.unwrap();
+        }
+        // Let the records land in the pipe, then read once.
+        tokio::task::yield_now().await;
+        let mut buf = vec![0u8; 4096];
+        let n = server.read(&mut buf).await.unwrap();
+        assert_eq!(n, 8 * 32, "one read for the eight records");
+        for i in 0..8u8 {
+            assert!(buf[i as usize * 32..(i as usize + 1) * 32].iter().all(|b| *b == i));
+        }
+    }
+
+    fn psk_pair(tag: &str) -> (TlsServer, TlsClient) {
+        let dir = std::env::temp_dir().join(format!("fallow-tls-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let keys = dir.join("keys.psk");
+        std::fs::write(&keys, format!("fallow:{}\n", "ab".repeat(32))).unwrap();
+        let server =
+            TlsServer::new(&ServerOptions { psk: Some(keys.clone()), ..Default::default() })
+                .unwrap();
+        let client =
+            TlsClient::new(&ClientOptions { psk: Some((keys, None)), ..Default::default() })
+                .unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        (server, client)
     }
 
     /// A TLS 1.3 handshake with a pre-shared key and data both ways, over an in-memory
