@@ -500,10 +500,11 @@ mod tests {
             "# TYPE fallow_node_gossip_rejected_datagrams counter",
             "# TYPE fallow_node_forwarded_request_duration_seconds histogram",
             "# TYPE fallow_node_forwarded_in_flight gauge",
+            "# TYPE fallow_node_config_reloads counter",
         ] {
             assert!(text.lines().any(|l| l == line), "no line {line:?} in\n{text}");
         }
         // Every metric once, none lost or doubled (a new metric raises this count).
-        assert_eq!(text.matches("# TYPE ").count(), 38, "{text}");
+        assert_eq!(text.matches("# TYPE ").count(), 39, "{text}");
     }
 }

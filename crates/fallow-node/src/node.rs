@@ -39,23 +39,25 @@ impl Node {
     /// A node serving `engine` with `config`. `lending` is the governor that sized the
     /// budget (fixed or following the host); the node keeps it running while it lives.
     pub fn new(engine: Arc<Engine>, config: NodeConfig, lending: Option<GovernorHandle>) -> Self {
-        Self::with_id(engine, config, lending, rand::random())
+        Self::restored(engine, config, lending, rand::random(), Clients::default())
     }
 
-    /// [`Node::new`] under a given id: a node restarted from a snapshot keeps its id, so
-    /// that its clients see the same node with the same pools (`restart.rs`).
-    pub fn with_id(
+    /// [`Node::new`] under a given id and with given clients: a node restarted from a
+    /// snapshot keeps its id and its clients' pools, so that its clients see the same
+    /// node with the same pools (`restart.rs`).
+    pub fn restored(
         engine: Arc<Engine>,
         config: NodeConfig,
         lending: Option<GovernorHandle>,
         node_id: u128,
+        clients: Clients,
     ) -> Self {
         let summaries = Summaries::new(config.summary);
         Self {
             engine,
             config,
             node_id,
-            clients: Clients::default(),
+            clients,
             metrics: Metrics::new(),
             lending: parking_lot::Mutex::new(lending),
             cluster: OnceLock::new(),

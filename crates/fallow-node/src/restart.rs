@@ -12,8 +12,9 @@
 //!  crc32c of everything before it, u32                      (all integers little-endian)
 //! ```
 //!
-//! The file is written under another name and renamed when complete, checked whole
-//! (its CRC) before anything is restored, and removed once restored: a node that crashes
+//! The file is written under another name and renamed when complete, read once at the
+//! next start with its CRC checked as it is read (what a snapshot that fails it restored
+//! is undone before the node serves), and removed once restored: a node that crashes
 //! later must not come back with pages older than what it served since. After a crash
 //! there is no snapshot and the node starts empty: nothing it serves can be stale.
 //! A cluster keeps a second copy of every persistent page on another node
@@ -30,9 +31,12 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use fallow_core::{
-    DedupScope, PageKey, PageStore, PoolId, PoolKind, PoolSpec, Sharing, TrustDomain, PAGE_SIZE,
+    DedupScope, PageKey, PageStore, PoolId, PoolKind, PoolSpec, PutOutcome, Sharing, TrustDomain,
+    PAGE_SIZE,
 };
+use fallow_pool::Engine;
 
+use crate::clients::Clients;
 use crate::node::Node;
 
 const MAGIC: &[u8; 8] = b"FALLOWS1";
@@ -123,128 +127,154 @@ pub fn save(node: &Node, dir: &Path) -> io::Result<Report> {
     })
 }
 
-/// A snapshot whose CRC was checked, not restored yet.
+/// What a snapshot gave back: the node id to take again, the clients with their pools
+/// (to make the node with), and what was done.
 #[derive(Debug)]
-pub struct Checked {
-    path: PathBuf,
-    /// The id of the node that wrote it, which the restarted node takes again.
+pub struct Restored {
+    /// The id of the node that wrote the snapshot.
     pub node_id: u128,
+    /// Its clients, each with the pools it held; their leases run from now.
+    pub clients: Clients,
+    /// What was restored, and how long it took.
+    pub report: Report,
 }
 
-/// Finds and checks the snapshot in `dir`: `Ok(None)` when there is none; an error when
-/// it is damaged (truncated, altered), which the caller logs and removes.
-pub fn check(dir: &Path) -> io::Result<Option<Checked>> {
+/// Restores the snapshot in `dir`, if there is one, into `engine` (which serves nobody
+/// yet), then removes the file. The file is read once; its CRC is checked as it goes and
+/// compared at the end, and a snapshot that does not hold (altered, truncated, nonsense)
+/// is undone: every pool it restored is destroyed again, and the error is returned for
+/// the caller to log, with the engine as empty as it was.
+pub fn restore(dir: &Path, engine: &Engine) -> io::Result<Option<Restored>> {
+    let started = Instant::now();
     let path = snapshot_path(dir);
     let file = match File::open(&path) {
         Ok(file) => file,
         Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(err) => return Err(err),
     };
-    let len = file.metadata()?.len();
-    if len < (MAGIC.len() + 16 + 4) as u64 {
-        return Err(damaged("shorter than its header"));
-    }
-    let mut reader = BufReader::with_capacity(1 << 20, file);
-    let mut crc = 0u32;
-    let mut remaining = len - 4;
-    let mut buf = vec![0u8; 1 << 20];
-    let mut head = Vec::new();
-    while remaining > 0 {
-        let n = (remaining as usize).min(buf.len());
-        let chunk = buf.get_mut(..n).unwrap_or_default();
-        reader.read_exact(chunk)?;
-        crc = crc32c::crc32c_append(crc, chunk);
-        if head.len() < MAGIC.len() + 16 {
-            head.extend_from_slice(chunk.get(..(MAGIC.len() + 16).min(n)).unwrap_or_default());
+    let bytes = file.metadata()?.len();
+    let mut restored_pools = Vec::new();
+    let clients = Clients::default();
+    let mut r = CrcReader { inner: BufReader::with_capacity(1 << 20, file), crc: 0 };
+    let outcome = read_into(&mut r, engine, &clients, &mut restored_pools);
+    let outcome = outcome.and_then(|(node_id, pages)| {
+        let crc = r.crc;
+        let mut stored = [0u8; 4];
+        r.inner.read_exact(&mut stored).map_err(|_| damaged("it ends before its checksum"))?;
+        if u32::from_le_bytes(stored) != crc {
+            return Err(damaged("its checksum does not match"));
         }
-        remaining -= n as u64;
+        Ok((node_id, pages))
+    });
+    match outcome {
+        Ok((node_id, pages)) => {
+            std::fs::remove_file(&path)?;
+            let report = Report {
+                pools: restored_pools.len(),
+                clients: clients.len(),
+                pages,
+                bytes,
+                elapsed: started.elapsed(),
+            };
+            Ok(Some(Restored { node_id, clients, report }))
+        }
+        Err(err) => {
+            for pool in restored_pools {
+                let _ = engine.destroy_pool(pool);
+            }
+            Err(err)
+        }
     }
-    let mut stored = [0u8; 4];
-    reader.read_exact(&mut stored)?;
-    if u32::from_le_bytes(stored) != crc {
-        return Err(damaged("its checksum does not match"));
-    }
-    if head.get(..MAGIC.len()) != Some(&MAGIC[..]) {
-        return Err(damaged("not a fallow node snapshot"));
-    }
-    let node_id = head
-        .get(MAGIC.len()..MAGIC.len() + 16)
-        .and_then(|b| <[u8; 16]>::try_from(b).ok())
-        .map(u128::from_le_bytes)
-        .ok_or_else(|| damaged("no node id"))?;
-    Ok(Some(Checked { path, node_id }))
 }
 
-/// Restores a checked snapshot into `node` (made with its id), then removes the file.
-/// Pages the engine refuses (a smaller budget now) are skipped.
-pub fn restore(checked: Checked, node: &Node) -> io::Result<Report> {
-    let started = Instant::now();
-    let file = File::open(&checked.path)?;
-    let bytes = file.metadata()?.len();
-    let mut r = BufReader::with_capacity(1 << 20, file);
+/// Reads the snapshot's body into `engine` and `clients`; returns the node id and how
+/// many pages the engine took. `restored` collects the pools made, for an undo.
+fn read_into(
+    r: &mut impl Read,
+    engine: &Engine,
+    clients: &Clients,
+    restored: &mut Vec<PoolId>,
+) -> io::Result<(u128, u64)> {
+    let short = |e: io::Error| match e.kind() {
+        io::ErrorKind::UnexpectedEof => damaged("it ends too early"),
+        _ => e,
+    };
     let mut magic = [0u8; 8];
-    r.read_exact(&mut magic)?;
-    let _node_id = read_u128(&mut r)?;
-    let engine = node.engine();
-    let pools = read_u32(&mut r)? as usize;
+    r.read_exact(&mut magic).map_err(short)?;
+    if &magic != MAGIC {
+        return Err(damaged("not a fallow node snapshot"));
+    }
+    let node_id = read_u128(r).map_err(short)?;
+    let pools = read_u32(r).map_err(short)?;
     let mut specs = std::collections::HashMap::new();
     for _ in 0..pools {
-        let id = PoolId(read_u32(&mut r)?);
-        let spec = read_spec(&mut r)?;
-        let users = read_u32(&mut r)?;
-        engine
-            .restore_pool(id, &spec, users)
-            .map_err(|e| io::Error::other(format!("pool {id}: {e}")))?;
+        let id = PoolId(read_u32(r).map_err(short)?);
+        let spec = read_spec(r).map_err(short)?;
+        let users = read_u32(r).map_err(short)?;
+        engine.restore_pool(id, &spec, users).map_err(|e| damaged(&format!("pool {id}: {e}")))?;
+        restored.push(id);
         specs.insert(id, spec);
     }
-    let clients = read_u32(&mut r)? as usize;
-    for _ in 0..clients {
-        let id = read_u128(&mut r)?;
-        let held = read_u32(&mut r)? as usize;
-        let mut pools = Vec::with_capacity(held.min(4096));
+    let count = read_u32(r).map_err(short)?;
+    for _ in 0..count {
+        let id = read_u128(r).map_err(short)?;
+        let held = read_u32(r).map_err(short)?;
+        let mut pools = Vec::new();
         for _ in 0..held {
-            let pool = PoolId(read_u32(&mut r)?);
+            let pool = PoolId(read_u32(r).map_err(short)?);
             let spec =
                 specs.get(&pool).ok_or_else(|| damaged("a client holds a pool not in it"))?;
             pools.push((pool, *spec));
         }
-        node.clients().restore(id, pools);
+        clients.restore(id, pools);
     }
     let mut keys = Vec::with_capacity(RESTORE_BATCH);
-    let mut data = Vec::with_capacity(RESTORE_BATCH * PAGE_SIZE);
-    let mut restored = 0u64;
-    let mut put = |keys: &mut Vec<PageKey>, data: &mut Vec<u8>| {
-        if let Ok(outcomes) = engine.put_many(keys, data) {
-            let stored = outcomes.iter().filter(|o| **o == fallow_core::PutOutcome::Stored);
-            restored += stored.count() as u64;
+    let mut data = vec![0u8; RESTORE_BATCH * PAGE_SIZE];
+    let (mut read, mut stored) = (0u64, 0u64);
+    let mut put = |keys: &mut Vec<PageKey>, data: &[u8]| {
+        let pages = data.get(..keys.len() * PAGE_SIZE).unwrap_or_default();
+        if let Ok(outcomes) = engine.put_many(keys, pages) {
+            stored += outcomes.iter().filter(|o| **o == PutOutcome::Stored).count() as u64;
         }
         keys.clear();
-        data.clear();
     };
-    let mut read = 0u64;
     loop {
-        let pool = read_u32(&mut r)?;
+        let pool = read_u32(r).map_err(short)?;
         if pool == END {
             break;
         }
-        let object = read_u64(&mut r)?;
-        let index = read_u64(&mut r)?;
-        let at = data.len();
-        data.resize(at + PAGE_SIZE, 0);
-        r.read_exact(data.get_mut(at..).unwrap_or_default())?;
+        if !specs.contains_key(&PoolId(pool)) {
+            return Err(damaged("a page of a pool not in it"));
+        }
+        let object = read_u64(r).map_err(short)?;
+        let index = read_u64(r).map_err(short)?;
+        let at = keys.len() * PAGE_SIZE;
+        r.read_exact(data.get_mut(at..at + PAGE_SIZE).unwrap_or_default()).map_err(short)?;
         keys.push(PageKey::new(PoolId(pool), object, index));
         read += 1;
         if keys.len() == RESTORE_BATCH {
-            put(&mut keys, &mut data);
+            put(&mut keys, &data);
         }
     }
-    if read_u64(&mut r)? != read {
+    put(&mut keys, &data);
+    if read_u64(r).map_err(short)? != read {
         return Err(damaged("its page count does not match its pages"));
     }
-    put(&mut keys, &mut data);
-    drop(r);
-    std::fs::remove_file(&checked.path)?;
-    Ok(Report { pools, clients, pages: restored, bytes, elapsed: started.elapsed() })
+    Ok((node_id, stored))
+}
+
+/// A reader that keeps the CRC-32C of what went through it.
+struct CrcReader<R> {
+    inner: R,
+    crc: u32,
+}
+
+impl<R: Read> Read for CrcReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.crc = crc32c::crc32c_append(self.crc, buf.get(..n).unwrap_or_default());
+        Ok(n)
+    }
 }
 
 fn damaged(why: &str) -> io::Error {

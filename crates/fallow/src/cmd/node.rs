@@ -294,29 +294,22 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     let engine = Arc::new(Engine::new(engine_config));
     let governor = Governor::start(engine.clone(), &settings.lend).context("lending governor")?;
     let poll_us = settings.config.read_polling.window.as_micros();
-    let snapshot = match &settings.state_dir {
-        Some(dir) => checked_snapshot(dir),
-        None => None,
-    };
-    let node = match &snapshot {
-        Some(checked) => {
-            Node::with_id(engine, settings.config.clone(), Some(governor), checked.node_id)
+    // A snapshot of the last clean stop, restored before the node serves (`--state-dir`).
+    let restored = settings.state_dir.as_deref().and_then(|dir| restored(dir, &engine));
+    let node = match restored {
+        Some(r) => {
+            tracing::info!(
+                pools = r.report.pools,
+                clients = r.report.clients,
+                pages = r.report.pages,
+                elapsed_ms = r.report.elapsed.as_millis() as u64,
+                "restored the snapshot of the last clean stop (warm restart)"
+            );
+            Node::restored(engine, settings.config.clone(), Some(governor), r.node_id, r.clients)
         }
         None => Node::new(engine, settings.config.clone(), Some(governor)),
     };
     let node = Arc::new(node);
-    if let Some(checked) = snapshot {
-        match restart::restore(checked, &node) {
-            Ok(r) => tracing::info!(
-                pools = r.pools,
-                clients = r.clients,
-                pages = r.pages,
-                elapsed_ms = r.elapsed.as_millis() as u64,
-                "restored the snapshot of the last clean stop (warm restart)"
-            ),
-            Err(err) => anyhow::bail!("restoring the snapshot: {err}"),
-        }
-    }
     let runtime = server_runtime("fallow-node", settings.cpus.as_ref())?;
     runtime.block_on(async move {
         let server = Server::start(node.clone()).await?;
@@ -374,10 +367,11 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     })
 }
 
-/// The snapshot in `dir`, checked; a damaged one is logged, set aside and not used.
-fn checked_snapshot(dir: &std::path::Path) -> Option<restart::Checked> {
-    match restart::check(dir) {
-        Ok(checked) => checked,
+/// The snapshot in `dir` restored into `engine`; a damaged one is logged, set aside and
+/// undone, and the node starts empty.
+fn restored(dir: &std::path::Path, engine: &Engine) -> Option<restart::Restored> {
+    match restart::restore(dir, engine) {
+        Ok(restored) => restored,
         Err(err) => {
             let path = restart::snapshot_path(dir);
             let aside = path.with_extension("damaged");
