@@ -114,8 +114,8 @@ fn a_killed_node_is_seen_dead_within_a_second_and_alive_after_a_restart() {
         })
         .collect();
     let (a, b, c) = (&addrs[0], &addrs[1], &addrs[2]);
-    let metrics = format!("127.0.0.1:{}", free_port());
-    let _node_a = start(a, &[b, c], &secret, &["--metrics", &metrics]);
+    let mut _node_a = start(a, &[b, c], &secret, &["--metrics", "127.0.0.1:0"]);
+    let metrics = _node_a.wait_for_line("metrics", START_TIMEOUT, support::metrics_addr);
     let mut node_b = start(b, &[a, c], &secret, &[]);
     let _node_c = start(c, &[a, b], &secret, &[]);
 
@@ -243,12 +243,12 @@ fn a_gossip_datagram_replayed_or_altered_is_dropped() {
         gossip: format!("127.0.0.1:{}", free_udp_port()),
     };
     let through = Addrs { listen: String::new(), gossip: relay.local_addr().unwrap().to_string() };
-    let metrics = format!("127.0.0.1:{}", free_port());
     // A knows no one; B joins A through the relay, and A answers the relay.
     let s = secret.to_str().unwrap();
-    let own = ["--listen", &a.listen, "--gossip", &a.gossip, "--metrics", &metrics];
-    let _node_a =
+    let own = ["--listen", &a.listen, "--gossip", &a.gossip, "--metrics", "127.0.0.1:0"];
+    let mut _node_a =
         start_node(&[&own[..], &["--lend", "16M", "--secret-file", s]].concat(), START_TIMEOUT).0;
+    let metrics = _node_a.wait_for_line("metrics", START_TIMEOUT, support::metrics_addr);
     let _node_b = start(&b, &[&through], &secret, &[]);
     let (a_gossip, b_gossip): (std::net::SocketAddr, std::net::SocketAddr) =
         (a.gossip.parse().unwrap(), b.gossip.parse().unwrap());

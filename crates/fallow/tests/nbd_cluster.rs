@@ -15,9 +15,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{
-    free_port, nbd_serving_uri as serving_uri, start_node, Daemon, ProcessGroup, TempDir,
-};
+use support::{nbd_serving_uri as serving_uri, start_node, Daemon, ProcessGroup, TempDir};
 
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// A backstop for the fio script, which bounds its own commands to 60 s each.
@@ -42,12 +40,11 @@ fn fio_verifies_through_a_cluster_while_a_node_is_killed() {
     let image = dir.path().join("fio.img");
     let export = format!("fio=file:{},size=64M", image.display());
     let pool = format!("fallow://{}", addrs[0]);
-    let metrics = format!("127.0.0.1:{}", free_port());
     let (mut server, base_uri) = Daemon::start(
         "fallow nbd",
         support::fallow()
             .args(["nbd", "--listen", "127.0.0.1:0", "--export", &export, "--pool", &pool])
-            .args(["--secret-file", s, "--local-tier", "0", "--metrics", &metrics])
+            .args(["--secret-file", s, "--local-tier", "0", "--metrics", "127.0.0.1:0"])
             .env("FALLOW_LOG", "info")
             .stdin(Stdio::null()),
         "`serving` line",
@@ -55,6 +52,8 @@ fn fio_verifies_through_a_cluster_while_a_node_is_killed() {
         serving_uri,
     );
 
+    // Logged before the URI, so already read: found in the log so far.
+    let metrics = server.log_lines().iter().find_map(|l| support::metrics_addr(l)).unwrap();
     let log = server.log_so_far();
     assert!(log.contains("caching in a cluster") && log.contains("nodes=3"), "{log}");
 
