@@ -205,6 +205,6 @@ mod tests {
         }
         assert_eq!(Op::from_code(0), None);
         assert_eq!(Op::from_code(0xff), None);
-        assert_eq!(Status::from_code(13), None);
+        assert_eq!(Status::from_code(14), None);
     }
 }
