@@ -1,9 +1,12 @@
-"""What the Python benchmark drivers share: free ports on 127.0.0.1, the commit, and the
-section of BENCHMARKS.md between a driver's markers."""
+"""What the Python benchmark drivers share: free ports on 127.0.0.1, the commit, tools'
+versions, the processes a driver starts (stopped by PID on the way out), and the section
+of BENCHMARKS.md between a driver's markers."""
 
 import os
+import signal
 import socket
 import subprocess
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,14 +31,82 @@ def git_commit():
     return out.stdout.strip()
 
 
+def version(argv):
+    """The first line a tool prints of its version, or None."""
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+        return (out.stdout or out.stderr).strip().splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        return None
+
+
+class Procs:
+    """Processes a driver starts, each with its log in the scratch directory `work`,
+    stopped by PID (or by their own process group, for one whose children must go too,
+    such as a guest's QEMU) on the way out: call `stop_all` in a `finally`."""
+
+    def __init__(self, work, log=None):
+        self.work, self.log, self.procs = work, log, []
+
+    def start(self, name, argv, port=None, group=False):
+        """Starts `argv`, its output in WORK/NAME.log; with `port`, waits until it listens
+        there (30 s at most)."""
+        logf = open(os.path.join(self.work, f"{name}.log"), "w")
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
+                                start_new_session=True)
+        self.procs.append((proc, group))
+        deadline = time.time() + 30
+        while port is not None and not port_open(port):
+            if proc.poll() is not None or time.time() > deadline:
+                logf.flush()
+                raise RuntimeError(f"{name} did not listen on {port}: "
+                                   f"{open(logf.name).read()[-2000:]}")
+            time.sleep(0.05)
+        if self.log and port is not None:
+            self.log(f"{name}: pid {proc.pid}, 127.0.0.1:{port}")
+        return proc
+
+    def adopt(self, proc, group=False):
+        """Stops `proc`, started elsewhere, with the others."""
+        self.procs.append((proc, group))
+        return proc
+
+    @staticmethod
+    def stop(proc, group=False, timeout=15):
+        """SIGTERM, then SIGKILL after `timeout` s; for a group, the whole group."""
+        def send(sig):
+            if group:
+                os.killpg(proc.pid, sig)
+            else:
+                proc.send_signal(sig)
+        try:
+            if proc.poll() is None:
+                send(signal.SIGTERM)
+                try:
+                    proc.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    send(signal.SIGKILL)
+                    proc.wait()
+            elif group:
+                # Its children (QEMU) may outlive it: the group is its own.
+                os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def stop_all(self):
+        for proc, group in reversed(self.procs):
+            self.stop(proc, group)
+        self.procs = []
+
+
 def write_section(marker, text):
     """Puts `text` between `<!-- MARKER:start -->` and `<!-- MARKER:end -->` in
-    BENCHMARKS.md."""
+    BENCHMARKS.md; a driver's first run adds the markers at the end."""
     path = os.path.join(ROOT, "BENCHMARKS.md")
     doc = open(path).read()
     start, end = f"<!-- {marker}:start -->\n", f"<!-- {marker}:end -->"
     if start not in doc or end not in doc:
-        raise SystemExit(f"BENCHMARKS.md has no {marker} markers")
+        doc += ("" if doc.endswith("\n") else "\n") + f"\n{start}{end}\n"
     head, rest = doc.split(start, 1)
     _, tail = rest.split(end, 1)
     open(path, "w").write(head + start + text + end + tail)

@@ -741,15 +741,6 @@ def section(path):
     return "\n".join(o) + "\n"
 
 
-def ensure_markers():
-    path = os.path.join(ROOT, "BENCHMARKS.md")
-    doc = open(path).read()
-    if f"<!-- {MARKER}:start -->" not in doc:
-        with open(path, "a") as f:
-            f.write(("" if doc.endswith("\n") else "\n")
-                    + f"\n<!-- {MARKER}:start -->\n<!-- {MARKER}:end -->\n")
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -782,7 +773,6 @@ def main():
     text = section(run(args))
     print(text, end="")
     if not args.no_write and not args.quick:
-        ensure_markers()
         write_section(MARKER, text)
         log("wrote the node-restart section of BENCHMARKS.md")
 

@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 
-from benchutil import free_port, git_commit, port_open, write_section
+from benchutil import Procs, free_port, git_commit, port_open, write_section
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIB = 1 << 20
@@ -46,38 +46,6 @@ APPARENT = 2.0
 
 def log(msg):
     print(f"[pool-export {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-class Procs:
-    """Processes started by this script, stopped by PID on exit."""
-
-    def __init__(self, work):
-        self.work, self.procs = work, []
-
-    def start(self, name, argv, port=None):
-        logf = open(os.path.join(self.work, f"{name}.log"), "w")
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
-                                start_new_session=True)
-        self.procs.append(proc)
-        deadline = time.time() + 30
-        while port is not None and not port_open(port):
-            if proc.poll() is not None or time.time() > deadline:
-                raise SystemExit(f"{name} did not listen on {port}: see {logf.name}")
-            time.sleep(0.05)
-        return proc
-
-    def stop(self, proc):
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-    def stop_all(self):
-        for proc in self.procs:
-            self.stop(proc)
 
 
 def rss_bytes(pid):

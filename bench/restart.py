@@ -50,7 +50,7 @@ import tempfile
 import time
 import urllib.request
 
-from benchutil import free_port, git_commit, port_open, write_section
+from benchutil import Procs, free_port, git_commit, port_open, version, write_section
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARKER = "nbd-restart"
@@ -64,67 +64,6 @@ SERVE_TIMEOUT = 30
 
 def log(msg):
     print(f"[restart {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def version(argv):
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=10)
-        return (out.stdout or out.stderr).strip().splitlines()[0]
-    except (OSError, IndexError, subprocess.TimeoutExpired):
-        return None
-
-
-class Procs:
-    """Processes started by this script, each with its log in the scratch directory,
-    stopped by PID (or by their own process group, for the guest) on the way out."""
-
-    def __init__(self, work):
-        self.work, self.procs = work, []
-
-    def start(self, name, argv, port=None, group=False):
-        logf = open(os.path.join(self.work, f"{name}.log"), "w")
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
-                                start_new_session=True)
-        self.procs.append((proc, group))
-        deadline = time.time() + 30
-        while port is not None and not port_open(port):
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"{name} did not listen on {port}: see {logf.name}")
-            time.sleep(0.05)
-        return proc
-
-    def adopt(self, proc, group=False):
-        self.procs.append((proc, group))
-        return proc
-
-    @staticmethod
-    def stop(proc, group=False, timeout=15):
-        if proc.poll() is None:
-            try:
-                if group:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                else:
-                    proc.send_signal(signal.SIGTERM)
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                if group:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                else:
-                    proc.kill()
-                proc.wait()
-            except ProcessLookupError:
-                pass
-        elif group:
-            # Its children (QEMU) may outlive it: the group is its own.
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-    def stop_all(self):
-        for proc, group in reversed(self.procs):
-            self.stop(proc, group)
-        self.procs = []
 
 
 def scrape(port):
@@ -626,15 +565,6 @@ def section(path):
     return "\n".join(o) + "\n"
 
 
-def ensure_markers():
-    path = os.path.join(ROOT, "BENCHMARKS.md")
-    doc = open(path).read()
-    if f"<!-- {MARKER}:start -->" not in doc:
-        with open(path, "a") as f:
-            f.write(("" if doc.endswith("\n") else "\n")
-                    + f"\n<!-- {MARKER}:start -->\n<!-- {MARKER}:end -->\n")
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -663,7 +593,6 @@ def main():
     text = section(run(args))
     print(text, end="")
     if not args.no_write and not args.only:
-        ensure_markers()
         write_section(MARKER, text)
         log("wrote the nbd-restart section of BENCHMARKS.md")
 

@@ -53,7 +53,7 @@ import tempfile
 import time
 import urllib.request
 
-from benchutil import free_port, git_commit, port_open, write_section
+from benchutil import Procs, free_port, git_commit, port_open, version, write_section
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -113,14 +113,6 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-def version(argv):
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=10)
-        return (out.stdout or out.stderr).strip().splitlines()[0]
-    except (OSError, IndexError, subprocess.SubprocessError):
-        return "?"
-
-
 def cpu_model():
     for line in open("/proc/cpuinfo"):
         if line.startswith("model name"):
@@ -131,40 +123,6 @@ def cpu_model():
 def rotate(items, n):
     n %= len(items)
     return items[n:] + items[:n]
-
-
-class Procs:
-    """Processes started by this script, stopped by PID."""
-
-    def __init__(self, work):
-        self.work, self.procs = work, []
-
-    def start(self, name, argv, port):
-        logf = open(os.path.join(self.work, f"{name}.log"), "w")
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
-                                start_new_session=True)
-        self.procs.append(proc)
-        deadline = time.time() + 30
-        while not port_open(port):
-            if proc.poll() is not None or time.time() > deadline:
-                logf.flush()
-                raise SystemExit(f"{name} did not listen on {port}: "
-                                 f"{open(logf.name).read()[-2000:]}")
-            time.sleep(0.05)
-        log(f"{name}: pid {proc.pid}, 127.0.0.1:{port}")
-        return proc
-
-    def stop_all(self):
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        self.procs = []
 
 
 class Certs:
@@ -634,7 +592,7 @@ def run(args):
     os.makedirs(os.path.join(ROOT, "bench/out"), exist_ok=True)
     out_path = os.path.join(ROOT, f"bench/out/tls-{stamp}.jsonl")
     work = tempfile.mkdtemp(prefix="fallow-tls-bench-")
-    procs = Procs(work)
+    procs = Procs(work, log)
 
     def stop(signum, _frame):
         raise SystemExit(f"signal {signum}")
@@ -654,9 +612,10 @@ def run(args):
                     "load": os.getloadavg()[0], "commit": args.commit or git_commit(),
                     "command": " ".join(["python3", "bench/tls.py", *sys.argv[1:]]),
                     "rounds": args.rounds, "seconds": args.seconds, "only": args.only,
-                    "why": args.why, "openssl": version(["openssl", "version"]),
-                    "nbdkit": version(["nbdkit", "--version"]), "fio": version(["fio", "--version"]),
-                    "libnbd": version(["nbdinfo", "--version"])}
+                    "why": args.why, "openssl": version(["openssl", "version"]) or "?",
+                    "nbdkit": version(["nbdkit", "--version"]) or "?",
+                    "fio": version(["fio", "--version"]) or "?",
+                    "libnbd": version(["nbdinfo", "--version"]) or "?"}
             out.write(json.dumps({"machine": head}) + "\n")
             log(f"commit {head['commit']}, {head['cpus']} CPUs, load {head['load']:.1f}; "
                 f"raw lines in {os.path.relpath(out_path, ROOT)}"
@@ -989,15 +948,6 @@ def findings(why_node, why_nbd, speed):
     return o
 
 
-def ensure_markers():
-    path = os.path.join(ROOT, "BENCHMARKS.md")
-    doc = open(path).read()
-    if f"<!-- {MARKER}:start -->" not in doc:
-        with open(path, "a") as f:
-            f.write(("" if doc.endswith("\n") else "\n")
-                    + f"\n<!-- {MARKER}:start -->\n<!-- {MARKER}:end -->\n")
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1021,7 +971,6 @@ def main():
     text = section(run(args))
     print(text, end="")
     if not args.no_write and not args.only:
-        ensure_markers()
         write_section(MARKER, text)
         log("wrote the tls section of BENCHMARKS.md")
 

@@ -64,12 +64,16 @@ fn qemu_rides_out_restarts_of_a_socket_activated_export_without_an_error() {
         qemu_io.args(["-c", c]);
     }
     let opts = format!("driver=nbd,host=127.0.0.1,port={port},export=d,reconnect-delay=20");
-    let client = qemu_io
-        .args(["--image-opts", &opts])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    // Its output to a file, not a pipe nobody reads while it runs; killed by its PID if
+    // the test fails before it ends.
+    let output = dir.path().join("qemu-io.out");
+    let out_file = std::fs::File::create(&output).unwrap();
+    let mut client = support::KillOnDrop::spawn(
+        qemu_io
+            .args(["--image-opts", &opts])
+            .stdout(out_file.try_clone().unwrap())
+            .stderr(out_file),
+    );
 
     // Three restarts while the client runs: each SIGTERM drains, writes the dirty pages
     // out, and exits; the next process takes up the same socket.
@@ -94,10 +98,9 @@ fn qemu_rides_out_restarts_of_a_socket_activated_export_without_an_error() {
         l.contains("NBD client connected").then_some(())
     });
 
-    let out = client.wait_with_output().unwrap();
-    let text =
-        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "qemu-io failed:\n{text}");
+    let status = client.wait_timeout(Duration::from_secs(150)).expect("qemu-io ended");
+    let text = std::fs::read_to_string(&output).unwrap();
+    assert!(status.success(), "qemu-io failed:\n{text}");
     for bad in ["failed", "error", "Error", "Pattern verification"] {
         assert!(!text.contains(bad), "qemu-io reported {bad:?}:\n{text}");
     }
