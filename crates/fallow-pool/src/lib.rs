@@ -46,6 +46,7 @@ mod engine_async;
 pub mod eviction;
 mod hashing;
 mod id_table;
+pub mod journal;
 mod pools;
 #[cfg(feature = "research-policies")]
 mod prehashed;
@@ -57,7 +58,7 @@ mod zeroed;
 
 pub use arena::{FRAMES_PER_SEGMENT, SEGMENT_BYTES};
 pub use config::{ConfigError, EngineBuilder, EngineConfig, MAX_BUDGET_BYTES, MIN_SHARD_PAGES};
-pub use engine::Engine;
+pub use engine::{Engine, JournalStats};
 pub use shard::MAX_PAGES as MAX_SHARD_PAGES;
 pub use stats::SweepReport;
 pub use stats::{BudgetReport, EngineStats, MemoryUsage, PoolStats};

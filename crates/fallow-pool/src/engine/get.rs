@@ -7,6 +7,7 @@ use super::{Inner, OnHit};
 use crate::content::{checksum, write_fill};
 use crate::eviction::SlotId;
 use crate::hashing::key_hash;
+use crate::journal::Record;
 use crate::pools::{self, Counter, PoolState};
 use crate::shard::{Shard, Value};
 use crate::store::{Located, Read};
@@ -44,8 +45,29 @@ impl Inner {
     /// A get or take under the shard lock. A get's copy is checked by the caller after it
     /// lets go of the shard ([`Inner::check_copy`]): the checksum costs as much as the
     /// copy, and another thread's operation on this shard need not wait for it. A take
-    /// checks under the lock, since its entry goes with it.
+    /// checks under the lock, since its entry goes with it; in a persistent pool it is
+    /// journaled, hit or miss (the journal may hold a page the index dropped as
+    /// unreadable, which a replay must not bring back after the client took it).
     fn read_locked(
+        &self,
+        shard: &mut Shard,
+        pool: &PoolState,
+        key: PageKey,
+        hash: u64,
+        out: &mut [u8],
+        on_hit: OnHit,
+    ) -> Copied {
+        let before = shard.len();
+        let copied = self.read_unjournaled(shard, pool, key, hash, out, on_hit);
+        if on_hit == OnHit::Remove && pool.persistent() {
+            let removed = before - shard.len();
+            self.journal(shard, Record::Gone(key), -(removed as i64));
+        }
+        copied
+    }
+
+    /// [`Inner::read_locked`] without the journal.
+    fn read_unjournaled(
         &self,
         shard: &mut Shard,
         pool: &PoolState,

@@ -29,6 +29,7 @@ use crate::compress::Compressor;
 use crate::config::{EngineConfig, MAX_BUDGET_BYTES};
 use crate::eviction;
 use crate::hashing::key_hash;
+use crate::journal::Record;
 use crate::pools::{self, Counter, PoolCounters, PoolSnapshot, PoolState, PoolTable};
 use crate::shard::{Shard, Slot, Value, Visit};
 use crate::stats::SweepReport;
@@ -57,8 +58,11 @@ pub(crate) struct SweepState {
 }
 
 mod get;
+mod journaled;
 mod put;
 mod sweep;
+
+pub use journaled::JournalStats;
 
 /// What a read does with a page it finds: a tmem get leaves it in the pool (inclusive), a
 /// take removes it (exclusive).
@@ -99,6 +103,8 @@ pub(crate) struct Inner {
     compress_turn: AtomicUsize,
     /// The background removal of dropped pages' index entries (`sweep.rs`).
     pub(crate) sweep: SweepState,
+    /// The journal of persistent pages' totals (`journaled.rs`).
+    journal: journaled::Totals,
     config: EngineConfig,
 }
 
@@ -137,6 +143,7 @@ impl Engine {
             entries_per_shard: AtomicUsize::new(entry_limit(per_shard, config.entries_per_frame)),
             compress_turn: AtomicUsize::new(0),
             sweep: SweepState::default(),
+            journal: journaled::Totals::default(),
             config,
         });
         let compressor = inner.config.compress_interval.map(|every| {
@@ -423,21 +430,23 @@ impl Inner {
         let pool = pools::find(&pools, key.pool)?;
         let hash = key_hash(&key);
         let mut shard = self.shards[self.shard_of(&key)].lock();
-        if let Some((id, _)) = shard.lookup(&key, hash) {
+        let found = shard.lookup(&key, hash);
+        if let Some((id, _)) = found {
             let slot = shard.remove(id);
             self.release(&mut self.store.write(), &slot, Some(&pool.counters));
             pool.counters.bump(Counter::Invalidations);
+        }
+        if pool.persistent() {
+            // Journaled even when the index had no entry: the journal may still hold the
+            // key's page (one dropped as unreadable), which a replay must not bring back.
+            self.journal(&mut shard, Record::Gone(key), -i64::from(found.is_some()));
         }
         Ok(())
     }
 
     /// Removes every page of `pool` (of `object` only, when given), shard by shard.
-    fn invalidate_pages(
-        &self,
-        pool: PoolId,
-        counters: &PoolCounters,
-        object: Option<ObjectId>,
-    ) -> u64 {
+    fn invalidate_pages(&self, pool: PoolId, state: &PoolState, object: Option<ObjectId>) -> u64 {
+        let counters = &state.counters;
         let mut removed = 0;
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
@@ -445,14 +454,23 @@ impl Inner {
                 Some(object) => shard.object_pages(pool, object),
                 None => shard.pool_pages(pool),
             };
-            if ids.is_empty() {
-                continue;
+            let count = ids.len();
+            if count > 0 {
+                let mut store = self.store.write();
+                for id in ids {
+                    let slot = shard.remove(id);
+                    self.release(&mut store, &slot, Some(counters));
+                }
+                removed += count as u64;
             }
-            let mut store = self.store.write();
-            for id in ids {
-                let slot = shard.remove(id);
-                self.release(&mut store, &slot, Some(counters));
-                removed += 1;
+            // After the removal (a compaction the append sets off copies the index as it
+            // is then), and in every shard: its journal may hold pages its index dropped.
+            if state.persistent() {
+                let record = match object {
+                    Some(object) => Record::ObjectGone(pool, object),
+                    None => Record::PoolGone(pool),
+                };
+                self.journal(&mut shard, record, -(count as i64));
             }
         }
         counters.add(Counter::Invalidations, removed);
@@ -467,7 +485,7 @@ impl Inner {
             last
         };
         if let Some(state) = last {
-            let removed = self.invalidate_pages(id, &state.counters, None);
+            let removed = self.invalidate_pages(id, &state, None);
             self.pools.write().release_domain(state.dedup);
             tracing::debug!(pool = id.0, removed, "pool destroyed");
         }
@@ -554,12 +572,12 @@ impl PageStore for Engine {
 
     fn invalidate_object(&self, pool: PoolId, object: ObjectId) -> Result<u64, StoreError> {
         let state = self.inner.pool(pool)?;
-        Ok(self.inner.invalidate_pages(pool, &state.counters, Some(object)))
+        Ok(self.inner.invalidate_pages(pool, &state, Some(object)))
     }
 
     fn invalidate_pool(&self, pool: PoolId) -> Result<u64, StoreError> {
         let state = self.inner.pool(pool)?;
-        Ok(self.inner.invalidate_pages(pool, &state.counters, None))
+        Ok(self.inner.invalidate_pages(pool, &state, None))
     }
 
     fn put_many(&self, keys: &[PageKey], pages: &[u8]) -> Result<Vec<PutOutcome>, StoreError> {

@@ -16,6 +16,7 @@ use super::Inner;
 use crate::arena::ArenaFull;
 use crate::content::{fill_word, Digest};
 use crate::hashing::key_hash;
+use crate::journal::Record;
 use crate::pools::{self, Counter, PoolMap, PoolState};
 use crate::shard::{Shard, Slot, Value};
 use crate::store::{InternOptions, Interned, Store};
@@ -202,11 +203,40 @@ impl Inner {
         Ok(outcome)
     }
 
-    /// The part of a put that runs under the shard lock (and takes the store lock).
+    /// The part of a put that runs under the shard lock (and takes the store lock), and
+    /// for a persistent pool its journal record, in the same hold of the lock: the page
+    /// when stored, `Gone` when refused (the key's older page went all the same).
     fn put_locked(
         &self,
         shard: &mut MutexGuard<'_, Shard>,
         job: &Prepared<'_>,
+    ) -> Result<Result<(), PutFail>, StoreError> {
+        let mut replaced = false;
+        let result = self.put_unjournaled(shard, job, &mut replaced);
+        if job.pool.persistent() && shard.journal.is_some() {
+            let page = match job.source {
+                Source::Page(page) => Some(page),
+                Source::Held(_) => None,
+            };
+            match &result {
+                Ok(Ok(())) => {
+                    self.journal_stored(shard, job.key, job.hash, page, job.pool.mask, replaced)
+                }
+                Ok(Err(_)) => self.journal(shard, Record::Gone(job.key), -i64::from(replaced)),
+                // The pool is gone: its `PoolGone` records say so.
+                Err(_) => {}
+            }
+        }
+        result
+    }
+
+    /// [`Inner::put_locked`] without the journal; `replaced` is set when the key's older
+    /// page was removed.
+    fn put_unjournaled(
+        &self,
+        shard: &mut MutexGuard<'_, Shard>,
+        job: &Prepared<'_>,
+        replaced: &mut bool,
     ) -> Result<Result<(), PutFail>, StoreError> {
         let Prepared { key, source, pool, fill, digest, hash, .. } = *job;
         // Checked under the shard lock: a destroy marks the pool dead before it sweeps this
@@ -232,6 +262,7 @@ impl Inner {
         if let Some((id, _)) = shard.lookup(&key, hash) {
             let old = shard.remove(id);
             self.release(&mut store, &old, Some(&pool.counters));
+            *replaced = true;
         }
         let held = match held {
             Ok(held) => held,

@@ -122,6 +122,9 @@ pub struct Shard {
     expected: usize,
     /// Where the compressor's walk goes on ([`Shard::walk_contents`]).
     compress_hand: usize,
+    /// This shard's journal of persistent pages, when the engine keeps one
+    /// (`crate::journal`): appended to under this shard's lock.
+    pub(crate) journal: Option<crate::journal::Journal>,
 }
 
 /// The key of live slot `id`.
@@ -143,6 +146,7 @@ impl Shard {
             policy,
             expected: 0,
             compress_hand: 0,
+            journal: None,
         }
     }
 
