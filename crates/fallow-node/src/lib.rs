@@ -35,6 +35,7 @@ pub mod lending;
 mod membership;
 pub mod metrics;
 mod node;
+pub mod recovery;
 pub mod restart;
 mod server;
 pub mod summary;

@@ -33,6 +33,9 @@ pub struct Node {
     /// The content summary for clients that dedup across nodes (`summary.rs`).
     summaries: Summaries,
     started: Instant,
+    /// `--state-dir`, where the state file is kept (`recovery.rs`); the mutex makes its
+    /// rewrites one at a time, so the last one written is the newest state.
+    state_dir: Option<(std::path::PathBuf, parking_lot::Mutex<()>)>,
 }
 
 impl Node {
@@ -64,6 +67,31 @@ impl Node {
             forwarder: Forwarder::default(),
             summaries,
             started: Instant::now(),
+            state_dir: None,
+        }
+    }
+
+    /// Keeps the node's state file in `dir` (`--state-dir`), rewritten whenever its pools
+    /// or clients change ([`Node::save_state`]); written once now.
+    pub fn keep_state_in(mut self, dir: std::path::PathBuf) -> Self {
+        self.state_dir = Some((dir, parking_lot::Mutex::new(())));
+        self.save_state();
+        self
+    }
+
+    /// Rewrites the state file (node id, pools, clients), if the node keeps one: called
+    /// after each pool creation, destruction and lease expiry, before the reply. A failure
+    /// is logged: the node goes on, but a crash would bring back an older set of pools.
+    pub fn save_state(&self) {
+        let Some((dir, lock)) = &self.state_dir else { return };
+        let _one_at_a_time = lock.lock();
+        if let Err(err) = crate::recovery::save_state(self, dir) {
+            tracing::error!(
+                dir = %dir.display(),
+                %err,
+                "could not write the node's state file: after a crash it would come back \
+                 with an older set of pools"
+            );
         }
     }
 

@@ -25,6 +25,7 @@
 //! pages, it exists only between a stop and the next start, and while it exists it is
 //! memory the lent budget does not count (docs/governor.md).
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
@@ -74,26 +75,12 @@ pub fn save(node: &Node, dir: &Path) -> io::Result<Report> {
     std::fs::create_dir_all(dir)?;
     let path = snapshot_path(dir);
     let partial = dir.join("node.snapshot.partial");
-    let mut out = Crc::new(BufWriter::with_capacity(1 << 20, File::create(&partial)?));
+    let mut out = CrcWriter::new(BufWriter::with_capacity(1 << 20, File::create(&partial)?));
     let engine = node.engine();
     let pools = engine.pools_for_restart();
     let clients = node.clients().for_restart();
     out.write_all(MAGIC)?;
-    out.write_all(&node.node_id().to_le_bytes())?;
-    out.write_all(&(pools.len() as u32).to_le_bytes())?;
-    for (id, spec, users) in &pools {
-        out.write_all(&id.0.to_le_bytes())?;
-        write_spec(&mut out, spec)?;
-        out.write_all(&users.to_le_bytes())?;
-    }
-    out.write_all(&(clients.len() as u32).to_le_bytes())?;
-    for (id, held) in &clients {
-        out.write_all(&id.to_le_bytes())?;
-        out.write_all(&(held.len() as u32).to_le_bytes())?;
-        for (pool, _) in held {
-            out.write_all(&pool.0.to_le_bytes())?;
-        }
-    }
+    write_state(&mut out, node.node_id(), &pools, &clients)?;
     // Page by page, each read as it is written: one that went meanwhile (the governor
     // shrinking) is left out. The end is marked, and the count follows it.
     let mut written = 0u64;
@@ -155,7 +142,7 @@ pub fn restore(dir: &Path, engine: &Engine) -> io::Result<Option<Restored>> {
     let bytes = file.metadata()?.len();
     let mut restored_pools = Vec::new();
     let clients = Clients::default();
-    let mut r = CrcReader { inner: BufReader::with_capacity(1 << 20, file), crc: 0 };
+    let mut r = CrcReader::new(BufReader::with_capacity(1 << 20, file));
     let outcome = read_into(&mut r, engine, &clients, &mut restored_pools);
     let outcome = outcome.and_then(|(node_id, pages)| {
         let crc = r.crc;
@@ -204,30 +191,7 @@ fn read_into(
     if &magic != MAGIC {
         return Err(damaged("not a fallow node snapshot"));
     }
-    let node_id = read_u128(r).map_err(short)?;
-    let pools = read_u32(r).map_err(short)?;
-    let mut specs = std::collections::HashMap::new();
-    for _ in 0..pools {
-        let id = PoolId(read_u32(r).map_err(short)?);
-        let spec = read_spec(r).map_err(short)?;
-        let users = read_u32(r).map_err(short)?;
-        engine.restore_pool(id, &spec, users).map_err(|e| damaged(&format!("pool {id}: {e}")))?;
-        restored.push(id);
-        specs.insert(id, spec);
-    }
-    let count = read_u32(r).map_err(short)?;
-    for _ in 0..count {
-        let id = read_u128(r).map_err(short)?;
-        let held = read_u32(r).map_err(short)?;
-        let mut pools = Vec::new();
-        for _ in 0..held {
-            let pool = PoolId(read_u32(r).map_err(short)?);
-            let spec =
-                specs.get(&pool).ok_or_else(|| damaged("a client holds a pool not in it"))?;
-            pools.push((pool, *spec));
-        }
-        clients.restore(id, pools);
-    }
+    let (node_id, specs) = read_state(r, engine, clients, restored).map_err(short)?;
     let mut keys = Vec::with_capacity(RESTORE_BATCH);
     let mut data = vec![0u8; RESTORE_BATCH * PAGE_SIZE];
     let (mut read, mut stored) = (0u64, 0u64);
@@ -263,10 +227,87 @@ fn read_into(
     Ok((node_id, stored))
 }
 
+/// The part a snapshot and the state file share: the node id, the pools with their specs
+/// and users, and the clients with the pools they hold.
+pub(crate) fn write_state(
+    out: &mut impl Write,
+    node_id: u128,
+    pools: &[(PoolId, PoolSpec, u32)],
+    clients: &[(u128, Vec<(PoolId, PoolSpec)>)],
+) -> io::Result<()> {
+    out.write_all(&node_id.to_le_bytes())?;
+    out.write_all(&(pools.len() as u32).to_le_bytes())?;
+    for (id, spec, users) in pools {
+        out.write_all(&id.0.to_le_bytes())?;
+        write_spec(out, spec)?;
+        out.write_all(&users.to_le_bytes())?;
+    }
+    out.write_all(&(clients.len() as u32).to_le_bytes())?;
+    for (id, held) in clients {
+        out.write_all(&id.to_le_bytes())?;
+        out.write_all(&(held.len() as u32).to_le_bytes())?;
+        for (pool, _) in held {
+            out.write_all(&pool.0.to_le_bytes())?;
+        }
+    }
+    Ok(())
+}
+
+/// Reads what [`write_state`] wrote: restores the pools into `engine` (collected in
+/// `restored`, for an undo) and the clients into `clients`; returns the node id and the
+/// pools' specs.
+pub(crate) fn read_state(
+    r: &mut impl Read,
+    engine: &Engine,
+    clients: &Clients,
+    restored: &mut Vec<PoolId>,
+) -> io::Result<(u128, HashMap<PoolId, PoolSpec>)> {
+    let node_id = read_u128(r)?;
+    let pools = read_u32(r)?;
+    let mut specs = HashMap::new();
+    for _ in 0..pools {
+        let id = PoolId(read_u32(r)?);
+        let spec = read_spec(r)?;
+        let users = read_u32(r)?;
+        engine.restore_pool(id, &spec, users).map_err(|e| damaged(&format!("pool {id}: {e}")))?;
+        restored.push(id);
+        specs.insert(id, spec);
+    }
+    let count = read_u32(r)?;
+    for _ in 0..count {
+        let id = read_u128(r)?;
+        let held = read_u32(r)?;
+        let mut pools = Vec::new();
+        for _ in 0..held {
+            let pool = PoolId(read_u32(r)?);
+            let spec = specs.get(&pool).ok_or_else(|| damaged("a client holds a pool not in it"))?;
+            pools.push((pool, *spec));
+        }
+        clients.restore(id, pools);
+    }
+    Ok((node_id, specs))
+}
+
 /// A reader that keeps the CRC-32C of what went through it.
-struct CrcReader<R> {
+pub(crate) struct CrcReader<R> {
     inner: R,
     crc: u32,
+}
+
+impl<R> CrcReader<R> {
+    pub(crate) fn new(inner: R) -> Self {
+        Self { inner, crc: 0 }
+    }
+
+    /// The CRC-32C of everything read so far.
+    pub(crate) fn crc(&self) -> u32 {
+        self.crc
+    }
+
+    /// The reader, to read what the CRC does not cover.
+    pub(crate) fn into_inner(self) -> R {
+        self.inner
+    }
 }
 
 impl<R: Read> Read for CrcReader<R> {
@@ -277,7 +318,8 @@ impl<R: Read> Read for CrcReader<R> {
     }
 }
 
-fn damaged(why: &str) -> io::Error {
+/// A snapshot (or state file) that does not hold: `why` says how.
+pub(crate) fn damaged(why: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, format!("the snapshot is damaged: {why}"))
 }
 
@@ -342,22 +384,23 @@ fn read_u128(r: &mut impl Read) -> io::Result<u128> {
 }
 
 /// A writer that keeps the CRC-32C of what went through it.
-struct Crc<W> {
+pub(crate) struct CrcWriter<W> {
     inner: W,
     crc: u32,
 }
 
-impl<W: Write> Crc<W> {
-    fn new(inner: W) -> Self {
-        Crc { inner, crc: 0 }
+impl<W: Write> CrcWriter<W> {
+    pub(crate) fn new(inner: W) -> Self {
+        CrcWriter { inner, crc: 0 }
     }
 
-    fn finish(self) -> (W, u32) {
+    /// The writer and the CRC-32C of everything written.
+    pub(crate) fn finish(self) -> (W, u32) {
         (self.inner, self.crc)
     }
 }
 
-impl<W: Write> Write for Crc<W> {
+impl<W: Write> Write for CrcWriter<W> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let n = self.inner.write(buf)?;
         self.crc = crc32c::crc32c_append(self.crc, buf.get(..n).unwrap_or_default());

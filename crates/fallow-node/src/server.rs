@@ -144,7 +144,9 @@ async fn expire_clients(node: Arc<Node>, shutdown: CancellationToken) {
         }
         let expiring = node.clone();
         let _ = tokio::task::spawn_blocking(move || {
-            expiring.clients().expire(expiring.engine(), lease)
+            if expiring.clients().expire(expiring.engine(), lease) > 0 {
+                expiring.save_state();
+            }
         })
         .await;
         let released = node.clients().take_released_cluster_pools();

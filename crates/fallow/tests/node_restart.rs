@@ -1,7 +1,8 @@
 //! Warm restarts of a node (`--state-dir`): a clean stop writes a snapshot and the next
 //! start serves the same pages under the same node id and pool ids to the same clients;
-//! after a crash, or from a damaged snapshot, the node starts empty and serves nothing
-//! stale.
+//! after a crash (SIGKILL), or from a damaged snapshot, the node comes back from its state
+//! file and its journal with the same ids and every persistent page it acknowledged, and
+//! from a damaged state file it starts empty; never with a stale page.
 
 mod support;
 
@@ -104,23 +105,49 @@ fn a_clean_restart_serves_the_same_pages_under_the_same_ids() {
     stop(&mut node);
 }
 
+/// Invalidates page `i` of `pool`.
+fn invalidate(addr: &str, pool: PoolId, i: u64) {
+    let c = client(addr);
+    c.block_on(c.client().invalidate_page(PageKey::new(pool, 9, i))).unwrap();
+}
+
 #[test]
-fn a_crash_or_a_damaged_snapshot_starts_empty() {
+fn a_crash_keeps_the_ids_and_every_persistent_page() {
     let dir = TempDir::new("node-warm-crash");
     let listen = format!("127.0.0.1:{}", support::free_port());
     let mut node = start(dir.path(), &listen);
-    let (eph, _, id) = fill(&listen);
-    // A crash writes nothing: the next start is empty, under a new id.
+    let (eph, per, id) = fill(&listen);
+    invalidate(&listen, per, 499);
+    node.kill();
+    // The crash cut a record short at the end of one journal: what came before it stays.
+    let journal = dir.path().join("state/journal/shard-0000");
+    let mut bytes = std::fs::read(&journal).unwrap();
+    bytes.extend_from_slice(&[0x5a; 100]);
+    std::fs::write(&journal, bytes).unwrap();
+
+    let mut node = start(dir.path(), &listen);
+    let log = node.log_so_far();
+    assert!(log.contains("restored the state and the journaled persistent pages"), "{log}");
+    let c = client(&listen);
+    assert_eq!(c.block_on(c.client().node_id()).unwrap(), id, "the node id survives a crash");
+    assert_eq!(hits(&listen, per, 500).unwrap(), 499, "every persistent page, none invalidated");
+    assert_eq!(hits(&listen, eph, 2000).unwrap(), 0, "the ephemeral pool is back, empty");
+    assert!(!dir.path().join("state/journal.replay").exists(), "the old journal is removed");
+    // Twice: the journal written while recovering is what the next crash leaves.
     node.kill();
     let mut node = start(dir.path(), &listen);
-    let c = client(&listen);
-    assert_ne!(c.block_on(c.client().node_id()).unwrap(), id);
-    assert!(matches!(hits(&listen, eph, 10), Err(ClientError::UnknownPool(_))));
-    drop(c);
-
-    // A snapshot altered on disk is set aside, and the node starts empty.
-    let (eph, _, _) = fill(&listen);
+    assert_eq!(hits(&listen, per, 500).unwrap(), 499);
     stop(&mut node);
+}
+
+#[test]
+fn a_damaged_snapshot_falls_back_to_the_journal_and_a_damaged_state_file_starts_empty() {
+    let dir = TempDir::new("node-warm-damaged");
+    let listen = format!("127.0.0.1:{}", support::free_port());
+    let mut node = start(dir.path(), &listen);
+    let (eph, per, id) = fill(&listen);
+    stop(&mut node);
+    // A snapshot altered on disk is set aside; the journal still holds the persistent pages.
     let snapshot = dir.path().join("state/node.snapshot");
     let mut bytes = std::fs::read(&snapshot).unwrap();
     let middle = bytes.len() / 2;
@@ -128,8 +155,26 @@ fn a_crash_or_a_damaged_snapshot_starts_empty() {
     std::fs::write(&snapshot, bytes).unwrap();
     let mut node = start(dir.path(), &listen);
     let log = node.log_so_far();
-    assert!(log.contains("the snapshot is damaged") && log.contains("starting empty"), "{log}");
+    assert!(log.contains("the snapshot is damaged"), "{log}");
     assert!(dir.path().join("state/node.damaged").exists());
-    assert!(matches!(hits(&listen, eph, 10), Err(ClientError::UnknownPool(_))));
+    let c = client(&listen);
+    assert_eq!(c.block_on(c.client().node_id()).unwrap(), id);
+    assert_eq!(hits(&listen, per, 500).unwrap(), 500);
+    assert_eq!(hits(&listen, eph, 10).unwrap(), 0);
+    drop(c);
+
+    // A state file altered on disk: the node cannot tell which pools the journal's pages
+    // belong to, and starts empty under a new id.
+    node.kill();
+    let state = dir.path().join("state/node.state");
+    let mut bytes = std::fs::read(&state).unwrap();
+    bytes[20] ^= 0x01;
+    std::fs::write(&state, bytes).unwrap();
+    let mut node = start(dir.path(), &listen);
+    let log = node.log_so_far();
+    assert!(log.contains("starting empty"), "{log}");
+    let c = client(&listen);
+    assert_ne!(c.block_on(c.client().node_id()).unwrap(), id);
+    assert!(matches!(hits(&listen, per, 10), Err(ClientError::UnknownPool(_))));
     stop(&mut node);
 }

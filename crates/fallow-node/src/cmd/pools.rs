@@ -12,6 +12,7 @@ pub(super) fn create(node: &Node, client: &Client, spec: &PoolSpec) -> Result<Re
     match client.create_pool(node.engine(), spec, max) {
         Ok(pool) => {
             tracing::debug!(%pool, ?spec, "pool created or attached");
+            node.save_state();
             Ok(Reply::Pool(pool))
         }
         Err(PoolError::Store(err)) => Err(store_failure(err)),
@@ -24,6 +25,7 @@ pub(super) fn create(node: &Node, client: &Client, spec: &PoolSpec) -> Result<Re
 
 pub(super) fn destroy(node: &Node, client: &Client, pool: PoolId) -> Result<Reply, Failure> {
     client.destroy_pool(node.engine(), pool).map_err(store_failure)?;
+    node.save_state();
     Ok(Reply::Empty)
 }
 

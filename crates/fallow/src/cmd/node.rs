@@ -9,8 +9,10 @@ use anyhow::{bail, Context};
 use clap::Args;
 use fallow_net::cpus::CpuList;
 use fallow_node::lending::{parse_size, Governor, LendMode};
-use fallow_node::{restart, ClusterSettings, ConfigFile, ListenAddr, Node, NodeConfig, Server};
-use fallow_pool::{Engine, EngineBuilder};
+use fallow_node::{
+    recovery, restart, ClusterSettings, ConfigFile, ListenAddr, Node, NodeConfig, Server,
+};
+use fallow_pool::{journal, Engine, EngineBuilder};
 
 use super::serving::{read_polling, server_runtime, PollingArgs};
 use tokio::signal::unix::{signal, SignalKind};
@@ -65,7 +67,10 @@ pub struct NodeArgs {
     node_tls: NodeTlsArgs,
     /// Warm restarts: a clean stop (SIGTERM) writes the node's pages, pools and clients
     /// into DIR, and a start over the same DIR serves them again under the same node and
-    /// pool ids. Put DIR in memory (/run, /dev/shm). After a crash the node starts empty.
+    /// pool ids. Persistent pages are also journaled into DIR as they change, so a node
+    /// that crashed comes back with its pools and every persistent page it acknowledged
+    /// (ephemeral pools come back empty). Put DIR in memory (/run, /dev/shm): the journal
+    /// is a second copy of the persistent pages.
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
     /// Serve Prometheus metrics at http://ADDR/metrics.
@@ -294,20 +299,20 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     let engine = Arc::new(Engine::new(engine_config));
     let governor = Governor::start(engine.clone(), &settings.lend).context("lending governor")?;
     let poll_us = settings.config.read_polling.window.as_micros();
-    // A snapshot of the last clean stop, restored before the node serves (`--state-dir`).
-    let restored = settings.state_dir.as_deref().and_then(|dir| restored(dir, &engine));
+    // What the last run left in `--state-dir`, restored before the node serves.
+    let restored = match settings.state_dir.as_deref() {
+        Some(dir) => warm_start(dir, &engine)?,
+        None => None,
+    };
     let node = match restored {
         Some(r) => {
-            tracing::info!(
-                pools = r.report.pools,
-                clients = r.report.clients,
-                pages = r.report.pages,
-                elapsed_ms = r.report.elapsed.as_millis() as u64,
-                "restored the snapshot of the last clean stop (warm restart)"
-            );
             Node::restored(engine, settings.config.clone(), Some(governor), r.node_id, r.clients)
         }
         None => Node::new(engine, settings.config.clone(), Some(governor)),
+    };
+    let node = match settings.state_dir.clone() {
+        Some(dir) => node.keep_state_in(dir),
+        None => node,
     };
     let node = Arc::new(node);
     let runtime = server_runtime("fallow-node", settings.cpus.as_ref())?;
@@ -367,16 +372,65 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     })
 }
 
+/// Starts journaling persistent pages into `dir` and restores what the last run left
+/// there: the snapshot of a clean stop if there is one (its journal then dropped), else
+/// the state file and the journal of a crash (`fallow_node::recovery`). A damaged snapshot
+/// or state file is logged, set aside and undone; the journal is the fallback for a damaged
+/// snapshot.
+fn warm_start(dir: &std::path::Path, engine: &Engine) -> anyhow::Result<Option<restart::Restored>> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("creating the state directory {}", dir.display()))?;
+    let journal = journal::recover(dir)
+        .with_context(|| format!("reading the journal in {}", dir.display()))?;
+    engine
+        .start_journal(&journal::journal_dir(dir))
+        .with_context(|| format!("starting the journal in {}", dir.display()))?;
+    if let Some(r) = snapshot(dir, engine) {
+        if let Some(journal) = journal {
+            journal.discard().context("removing the journal the snapshot supersedes")?;
+        }
+        tracing::info!(
+            pools = r.report.pools,
+            clients = r.report.clients,
+            pages = r.report.pages,
+            elapsed_ms = r.report.elapsed.as_millis() as u64,
+            "restored the snapshot of the last clean stop (warm restart)"
+        );
+        return Ok(Some(r));
+    }
+    match recovery::recover(dir, engine, journal) {
+        Ok(Some(r)) => {
+            tracing::info!(
+                pools = r.report.pools,
+                clients = r.report.clients,
+                pages = r.report.pages,
+                journal_bytes = r.report.bytes,
+                elapsed_ms = r.report.elapsed.as_millis() as u64,
+                "restored the state and the journaled persistent pages of the last run"
+            );
+            Ok(Some(r))
+        }
+        Ok(None) => Ok(None),
+        Err(err) => {
+            let path = recovery::state_path(dir);
+            let aside = path.with_extension("damaged");
+            let _ = std::fs::rename(&path, &aside);
+            tracing::error!(%err, kept = %aside.display(), "starting empty");
+            Ok(None)
+        }
+    }
+}
+
 /// The snapshot in `dir` restored into `engine`; a damaged one is logged, set aside and
-/// undone, and the node starts empty.
-fn restored(dir: &std::path::Path, engine: &Engine) -> Option<restart::Restored> {
+/// undone.
+fn snapshot(dir: &std::path::Path, engine: &Engine) -> Option<restart::Restored> {
     match restart::restore(dir, engine) {
         Ok(restored) => restored,
         Err(err) => {
             let path = restart::snapshot_path(dir);
             let aside = path.with_extension("damaged");
             let _ = std::fs::rename(&path, &aside);
-            tracing::error!(%err, kept = %aside.display(), "starting empty");
+            tracing::error!(%err, kept = %aside.display(), "the snapshot is set aside");
             None
         }
     }
