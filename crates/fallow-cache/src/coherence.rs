@@ -20,7 +20,10 @@
 //! A read that took its ticket before a write began sees `gen` changed and does not
 //! populate; one that began during the write got no ticket; one whose populate is under way
 //! when the write wants the gate holds the gate, so the write waits, then invalidates what
-//! was just put. A populate never lands after a write's invalidation. The gates are tokio
+//! was just put. A populate never lands after a write's invalidation. A write leaves its
+//! own data as a page's cached copy only if no other write of the stripe overlapped it
+//! ([`WriteGates::alone_on`]): the store may apply two overlapping writes in the order
+//! opposite to that of their answers, so the cache keeps neither. The gates are tokio
 //! `RwLock`s because a populate into a remote pool is a network round trip; gates of
 //! several stripes are always taken in ascending stripe order, so readers and writers
 //! cannot deadlock.
@@ -69,7 +72,10 @@ pub struct ReadGates<'a> {
 #[must_use = "a write must be finished, or its stripes stay marked as being written"]
 pub struct WriteGuard<'a> {
     coherence: &'a Coherence,
+    /// Ascending.
     stripes: Vec<usize>,
+    /// Each stripe's `gen` as this write's start left it.
+    gens: Vec<u64>,
 }
 
 impl Default for Coherence {
@@ -129,12 +135,13 @@ impl Coherence {
     /// Marks the start of a write of `pages` (before the backing store is touched).
     pub fn begin_write(&self, pages: impl Iterator<Item = u64>) -> WriteGuard<'_> {
         let stripes = Self::sorted_stripes(pages);
+        let mut gens = Vec::with_capacity(stripes.len());
         for s in &stripes {
             let stripe = &self.stripes[*s];
             stripe.writers.fetch_add(1, Ordering::AcqRel);
-            stripe.gen.fetch_add(1, Ordering::AcqRel);
+            gens.push(stripe.gen.fetch_add(1, Ordering::AcqRel) + 1);
         }
-        WriteGuard { coherence: self, stripes }
+        WriteGuard { coherence: self, stripes, gens }
     }
 }
 
@@ -172,6 +179,21 @@ pub struct WriteGates<'a> {
 }
 
 impl WriteGates<'_> {
+    /// Whether this write had `page`'s stripe to itself: no other write of the stripe was
+    /// in flight when it began, began since, or is in flight now. Only then may it leave
+    /// its data as the page's cached copy: of two overlapping writes of a page, the store
+    /// may apply the one whose answer comes first last, so neither knows it is the newer.
+    pub fn alone_on(&self, page: u64) -> bool {
+        let guard = &self.guard;
+        let Ok(i) = guard.stripes.binary_search(&Coherence::stripe_of(page)) else {
+            return false;
+        };
+        let stripe = &guard.coherence.stripes[guard.stripes[i]];
+        // `writers` first: a write that begins raises it before `gen`.
+        stripe.writers.load(Ordering::Acquire) == 1
+            && stripe.gen.load(Ordering::Acquire) == guard.gens[i]
+    }
+
     /// Ends the write: `gen` moves on and reads may populate again.
     pub fn finish(self) {
         let WriteGates { guard, _guards } = self;
@@ -218,6 +240,26 @@ mod tests {
         drop(gates);
         writer.await.unwrap();
         assert!(c.ticket(3).is_some());
+    }
+
+    #[tokio::test]
+    async fn a_write_overlapped_by_another_is_not_alone() {
+        let c = Coherence::new();
+        let gates = c.begin_write([5].into_iter()).gates().await;
+        assert!(gates.alone_on(5));
+        gates.finish();
+        // One began before the other ended: neither is alone, whatever the order.
+        let first = c.begin_write([5].into_iter());
+        let second = c.begin_write([5].into_iter());
+        let gates = first.gates().await;
+        assert!(!gates.alone_on(5));
+        gates.finish();
+        let gates = second.gates().await;
+        assert!(!gates.alone_on(5), "the first ended after the second began");
+        gates.finish();
+        let gates = c.begin_write([5].into_iter()).gates().await;
+        assert!(gates.alone_on(5), "writes that ended before it began do not count");
+        assert!(!gates.alone_on(6), "a page it does not write");
     }
 
     #[test]

@@ -44,12 +44,15 @@ impl CacheLayer {
         let written = s.backing.write(offset, data.clone(), durability).await;
         let gates = guard.gates().await;
         // Even a failed write may have changed part of the range: drop every copy then.
+        // So does a write that overlapped another of the same page: the store may have
+        // applied them in either order.
         let mut at = 0;
         let mut replace = Vec::new();
         let mut invalidate = Vec::new();
         for p in &pieces {
             if p.page < s.whole_pages {
-                if p.is_whole() && written.is_ok() && s.config.local_pages > 0 {
+                let alone = gates.alone_on(p.page);
+                if p.is_whole() && written.is_ok() && s.config.local_pages > 0 && alone {
                     replace.push((p.page, data.slice(at..at + PAGE_SIZE)));
                 } else {
                     s.local.remove(p.page);
@@ -107,6 +110,11 @@ impl CacheLayer {
         // bytes of one page cannot both read the old page and lose one of the changes.
         let guard = s.coherence.begin_write(numbers.iter().copied());
         let gates = guard.gates().await;
+        // Every page is built before any goes into the dirty set: a store read for a
+        // partial page can fail, and the write must then change nothing (a page made dirty
+        // here would skip the pool invalidation below, and its older pool copy would be
+        // served once the page is written back).
+        let mut pages = Vec::with_capacity(numbers.len());
         let mut at = 0;
         for p in &pieces {
             if p.page < s.whole_pages {
@@ -122,10 +130,13 @@ impl CacheLayer {
                     merged[p.start..p.end].copy_from_slice(&piece);
                     merged.freeze()
                 };
-                s.local.remove(p.page);
-                s.dirty.insert(p.page, page);
+                pages.push((p.page, page));
             }
             at += p.len();
+        }
+        for (number, page) in pages {
+            s.local.remove(number);
+            s.dirty.insert(number, page);
         }
         self.invalidate_in_pool(&numbers).await;
         gates.finish();

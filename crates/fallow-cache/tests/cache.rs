@@ -445,3 +445,150 @@ async fn a_page_written_back_stays_cached_as_a_clean_page() {
     assert_eq!(stats.misses.load(Ordering::Relaxed), 0, "a written-back page was read again");
     assert_eq!(stats.local_hits.load(Ordering::Relaxed), 8);
 }
+
+/// A store whose reads fail while `fail_reads` is set (an upstream that answers EIO).
+#[derive(Debug)]
+struct ReadFailStore {
+    inner: MemStore,
+    fail_reads: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait]
+impl BackingStore for ReadFailStore {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn read(&self, offset: u64, len: u32) -> std::io::Result<Bytes> {
+        if self.fail_reads.load(Ordering::SeqCst) {
+            return Err(std::io::Error::other("injected read failure"));
+        }
+        self.inner.read(offset, len).await
+    }
+    async fn write(&self, offset: u64, data: Bytes, durability: Durability) -> std::io::Result<()> {
+        self.inner.write(offset, data, durability).await
+    }
+    async fn flush(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    async fn trim(&self, offset: u64, len: u32) -> std::io::Result<()> {
+        self.inner.trim(offset, len).await
+    }
+    async fn write_zeroes(&self, offset: u64, len: u32, zeroing: Zeroing) -> std::io::Result<()> {
+        self.inner.write_zeroes(offset, len, zeroing).await
+    }
+}
+
+/// A write-back write of a whole page and part of the next one, whose partial page must be
+/// read from the store to be merged: when that read fails, the write fails and changes
+/// nothing. (It used to leave the whole page dirty with the pool's older copy of it still
+/// there, not invalidated; once written back and dropped from the dirty set, reads served
+/// that older copy while the store held the new one.)
+#[tokio::test]
+async fn a_write_back_write_whose_merge_read_fails_changes_nothing() {
+    for mode in [Mode::Inclusive, Mode::Exclusive] {
+        let store = Arc::new(ReadFailStore {
+            inner: MemStore::new(8 * PAGE_SIZE as u64),
+            fail_reads: false.into(),
+        });
+        let write =
+            WritePolicy::Back { max_dirty_bytes: 1 << 30, max_age: Duration::from_secs(3600) };
+        // No local tier: the pool holds what reads fetched, in either mode.
+        let config = CacheConfig { local_pages: 0, mode, scan_bytes: 1 << 20, write };
+        let cache = CacheLayer::new(store.clone(), Some(pool_tier().await), config);
+        cache.write(0, Bytes::from(vec![1u8; 2 * PAGE_SIZE]), Durability::AtFlush).await.unwrap();
+        cache.flush().await.unwrap();
+        assert_eq!(cache.read(0, 4096).await.unwrap()[0], 1, "page 0 into the pool");
+
+        store.fail_reads.store(true, Ordering::SeqCst);
+        let err = cache
+            .write(0, Bytes::from(vec![2u8; PAGE_SIZE + 100]), Durability::AtFlush)
+            .await
+            .expect_err("a write whose merge read failed was acknowledged");
+        assert!(err.to_string().contains("injected"), "{err}");
+        store.fail_reads.store(false, Ordering::SeqCst);
+
+        cache.flush().await.unwrap();
+        let stored = store.inner.read(0, 2 * PAGE_SIZE as u32).await.unwrap();
+        for _ in 0..2 {
+            let got = cache.read(0, 2 * PAGE_SIZE as u32).await.unwrap();
+            assert!(
+                got == stored,
+                "{mode:?}: the cache serves {} where the store has {}",
+                got[0],
+                stored[0]
+            );
+        }
+        assert!(stored.iter().all(|b| *b == 1), "{mode:?}: the failed write reached the store");
+    }
+}
+
+/// A store that applies a write at once but, for writes of `slow_byte`, answers only
+/// after a while: the answer to an earlier write can arrive after that to a later one
+/// (two upstream connections, two threads of a file store).
+#[derive(Debug)]
+struct LateAnswerStore {
+    inner: MemStore,
+    slow_byte: u8,
+}
+
+#[async_trait]
+impl BackingStore for LateAnswerStore {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn read(&self, offset: u64, len: u32) -> std::io::Result<Bytes> {
+        self.inner.read(offset, len).await
+    }
+    async fn write(&self, offset: u64, data: Bytes, durability: Durability) -> std::io::Result<()> {
+        let slow = data[0] == self.slow_byte;
+        self.inner.write(offset, data, durability).await?;
+        if slow {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+    async fn flush(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    async fn trim(&self, offset: u64, len: u32) -> std::io::Result<()> {
+        self.inner.trim(offset, len).await
+    }
+    async fn write_zeroes(&self, offset: u64, len: u32, zeroing: Zeroing) -> std::io::Result<()> {
+        self.inner.write_zeroes(offset, len, zeroing).await
+    }
+}
+
+/// Two overlapping write-through writes of one page: the store applies the first, then
+/// the second, but answers the first last. Either may win, but the cache must then hold
+/// what the store holds, or nothing: a local copy of the loser would be read until it is
+/// evicted, and the store's page after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_writes_of_a_page_leave_the_cache_agreeing_with_the_store() {
+    let store =
+        Arc::new(LateAnswerStore { inner: MemStore::new(4 * PAGE_SIZE as u64), slow_byte: 1 });
+    let config = CacheConfig {
+        local_pages: 4,
+        mode: Mode::Exclusive,
+        scan_bytes: 1 << 20,
+        write: WritePolicy::Through,
+    };
+    let cache = CacheLayer::new(store.clone(), None, config);
+    let first = {
+        let cache = cache.clone();
+        tokio::spawn(async move {
+            cache.write(0, Bytes::from(vec![1u8; PAGE_SIZE]), Durability::AtFlush).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await; // the first is in the store
+    cache.write(0, Bytes::from(vec![2u8; PAGE_SIZE]), Durability::AtFlush).await.unwrap();
+    first.await.unwrap().unwrap();
+    let stored = store.inner.read(0, 1).await.unwrap()[0];
+    assert_eq!(stored, 2, "the store applied the writes in order");
+    assert_eq!(cache.read(0, 1).await.unwrap()[0], stored, "the cache and the store differ");
+}

@@ -8,6 +8,7 @@
 // Each test binary uses a different part of this module.
 #![allow(dead_code)]
 
+pub mod faulty;
 pub mod guests;
 pub mod netns;
 
