@@ -149,6 +149,10 @@ struct EngineGauges {
     psi_some_avg10: Gauge<f64, AtomicU64>,
     budget_shrinks: Counter,
     budget_grows: Counter,
+    journal_bytes: Gauge,
+    journal_records: Counter,
+    journal_failed_shards: Gauge,
+    journal_compactions: Counter,
 }
 
 /// Registers each `(name, handle, help)` in `registry`, in the order given (the order of the
@@ -253,6 +257,14 @@ impl Metrics {
              "Times the governor shrank the budget"),
             ("budget_grows", engine.budget_grows,
              "Times the governor grew the budget"),
+            ("journal_bytes", engine.journal_bytes,
+             "Bytes of the journal of persistent pages in --state-dir (memory of its tmpfs, outside the lent budget)"),
+            ("journal_records", engine.journal_records,
+             "Records appended to the journal of persistent pages"),
+            ("journal_failed_shards", engine.journal_failed_shards,
+             "Shards whose journal stopped after a failed write: their persistent pages would not survive a crash"),
+            ("journal_compactions", engine.journal_compactions,
+             "Journal files rewritten with only their live pages"),
             ("cluster_members", cluster.members,
              "Cluster members this node knows, by state (alive, suspect, dead), itself included"),
             ("cluster_member_events", cluster.events,
@@ -414,6 +426,11 @@ impl Metrics {
         set(&e.clients, node.clients().len() as u64);
         set(&e.pools, node.clients().pool_count() as u64);
         set(&self.forwarding.pools, node.cluster_pool_count() as u64);
+        let journal = node.engine().journal_stats();
+        set(&e.journal_bytes, journal.bytes);
+        advance_counter(&e.journal_records, journal.records);
+        set(&e.journal_failed_shards, journal.failed_shards);
+        advance_counter(&e.journal_compactions, journal.compactions);
         if let Some(lending) = node.lending_status() {
             set(&e.host_available, lending.host_available_bytes);
             e.psi_some_avg10.set(lending.psi_some_avg10 / 100.0);
@@ -501,10 +518,14 @@ mod tests {
             "# TYPE fallow_node_forwarded_request_duration_seconds histogram",
             "# TYPE fallow_node_forwarded_in_flight gauge",
             "# TYPE fallow_node_config_reloads counter",
+            "# TYPE fallow_node_journal_bytes gauge",
+            "fallow_node_journal_records_total 0",
+            "# TYPE fallow_node_journal_failed_shards gauge",
+            "# TYPE fallow_node_journal_compactions counter",
         ] {
             assert!(text.lines().any(|l| l == line), "no line {line:?} in\n{text}");
         }
         // Every metric once, none lost or doubled (a new metric raises this count).
-        assert_eq!(text.matches("# TYPE ").count(), 39, "{text}");
+        assert_eq!(text.matches("# TYPE ").count(), 43, "{text}");
     }
 }

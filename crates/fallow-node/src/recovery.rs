@@ -132,9 +132,9 @@ fn put_back(engine: &Engine, keys: &[fallow_core::PageKey], pages: &[u8]) -> (u6
                 .iter()
                 .zip(pages.chunks_exact(fallow_core::PAGE_SIZE))
                 .map(|(key, page)| {
-                    engine.put(*key, page).unwrap_or(PutOutcome::NotStored(
-                        fallow_core::NotStored::Full,
-                    ))
+                    engine
+                        .put(*key, page)
+                        .unwrap_or(PutOutcome::NotStored(fallow_core::NotStored::Full))
                 })
                 .collect();
             count(&outcomes)

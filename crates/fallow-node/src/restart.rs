@@ -280,7 +280,8 @@ pub(crate) fn read_state(
         let mut pools = Vec::new();
         for _ in 0..held {
             let pool = PoolId(read_u32(r)?);
-            let spec = specs.get(&pool).ok_or_else(|| damaged("a client holds a pool not in it"))?;
+            let spec =
+                specs.get(&pool).ok_or_else(|| damaged("a client holds a pool not in it"))?;
             pools.push((pool, *spec));
         }
         clients.restore(id, pools);

@@ -311,6 +311,7 @@ fn report(
         queue_depth: opts.queue_depth,
         batch: opts.batch,
         dedup: opts.target.is_fallow().then_some(opts.dedup),
+        persistent: opts.target.is_fallow().then_some(opts.persistent),
         client_threads: opts.threads,
         host_cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
         warmup_pages: warmup.0,

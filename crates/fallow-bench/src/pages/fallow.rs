@@ -83,7 +83,8 @@ impl Connection {
     /// connection.
     pub(crate) async fn connect(addr: &str, opts: &PagesOptions) -> Result<Vec<Self>, PagesError> {
         let dedup = if opts.dedup { DedupScope::Domain(TrustDomain(0)) } else { DedupScope::Off };
-        let spec = PoolSpec::ephemeral().dedup(dedup);
+        let kind = if opts.persistent { PoolSpec::persistent() } else { PoolSpec::ephemeral() };
+        let spec = kind.dedup(dedup);
         let connect_failed = |e: ClientError| match e {
             ClientError::Connect { source, .. } => {
                 PagesError::Connect { target: opts.target.to_string(), source }

@@ -154,6 +154,9 @@ pub struct PagesOptions {
     pub warmup: bool,
     /// Fallow only: create the pool with dedup on (trust domain 0) or off.
     pub dedup: bool,
+    /// Fallow only: create a persistent pool instead of an ephemeral one (its pages are
+    /// never evicted, and a node with `--state-dir` journals them).
+    pub persistent: bool,
     /// Seed of every random choice (keys, mix, page contents).
     pub seed: u64,
     /// Keep every measured request's start and latency in [`PagesReport::timeline`]
@@ -186,6 +189,7 @@ impl PagesOptions {
             duration: Duration::from_secs(5),
             warmup: false,
             dedup: true,
+            persistent: false,
             seed: 1,
             timeline: false,
             rate: None,

@@ -262,6 +262,9 @@ pub struct PagesReport {
     pub batch: usize,
     /// Fallow only: whether the pool was created with dedup on.
     pub dedup: Option<bool>,
+    /// Fallow only: whether the pool was persistent (journaled by a node with
+    /// `--state-dir`) rather than ephemeral.
+    pub persistent: Option<bool>,
     /// Worker threads of the load generator.
     pub client_threads: usize,
     /// CPUs of this host, which the load generator shares with a local server.
@@ -323,6 +326,9 @@ impl fmt::Display for PagesReport {
         )?;
         if let Some(dedup) = self.dedup {
             write!(f, ", pool dedup {}", if dedup { "on" } else { "off" })?;
+        }
+        if self.persistent == Some(true) {
+            write!(f, ", persistent pool")?;
         }
         writeln!(f)?;
         writeln!(
@@ -511,6 +517,7 @@ mod tests {
             queue_depth: 2,
             batch: 3,
             dedup: None,
+            persistent: None,
             client_threads: 1,
             host_cpus: 2,
             warmup_pages: 10,

@@ -218,8 +218,8 @@ mod tests {
 
     impl State {
         fn new(name: &str) -> Self {
-            let dir = std::env::temp_dir()
-                .join(format!("fallow-journal-{name}-{}", std::process::id()));
+            let dir =
+                std::env::temp_dir().join(format!("fallow-journal-{name}-{}", std::process::id()));
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::create_dir_all(&dir).unwrap();
             Self(dir)
@@ -388,7 +388,8 @@ mod tests {
         let stats = engine.journal_stats();
         assert!(stats.compactions > 0, "{stats:?}");
         // 32 live pages over 4 shards, each file below the floor or twice its live pages.
-        let bound = 4 * crate::journal::COMPACT_FLOOR.max(2 * 8 * crate::journal::PAGE_RECORD as u64);
+        let bound =
+            4 * crate::journal::COMPACT_FLOOR.max(2 * 8 * crate::journal::PAGE_RECORD as u64);
         assert!(stats.bytes <= bound + 4 * crate::journal::PAGE_RECORD as u64, "{stats:?}");
         let on_disk: u64 = std::fs::read_dir(journal_dir(&state.0))
             .unwrap()

@@ -120,9 +120,10 @@ pub fn recover(state: &Path) -> io::Result<Option<Recovered>> {
         if torn {
             report.torn += 1;
         }
-        pages.extend(held.into_iter().map(|((pool, object, index), h)| {
-            (PageKey::new(PoolId(pool), object, index), h)
-        }));
+        pages.extend(
+            held.into_iter()
+                .map(|((pool, object, index), h)| (PageKey::new(PoolId(pool), object, index), h)),
+        );
         maps.push(map);
     }
     report.pages = pages.len();
@@ -195,7 +196,8 @@ impl Recovered {
                 match *held {
                     Held::Page { file, at } => {
                         // Decoded (and checked) once already, when the file was read.
-                        let Some((Record::Page(_, page), _)) = Record::decode(&self.maps[file][at..])
+                        let Some((Record::Page(_, page), _)) =
+                            Record::decode(&self.maps[file][at..])
                         else {
                             unreachable!("a page record read before no longer decodes")
                         };
@@ -287,7 +289,8 @@ mod tests {
 
     #[test]
     fn recovery_sets_the_journals_aside_and_an_interrupted_one_starts_over() {
-        let state = std::env::temp_dir().join(format!("fallow-recover-test-{}", std::process::id()));
+        let state =
+            std::env::temp_dir().join(format!("fallow-recover-test-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&state);
         assert!(recover(&state).unwrap().is_none(), "nothing to recover");
         std::fs::create_dir_all(journal_dir(&state)).unwrap();

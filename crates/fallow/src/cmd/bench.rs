@@ -157,6 +157,11 @@ pub struct PagesArgs {
     /// Fallow only: create the benchmark pool with dedup on or off.
     #[arg(long, default_value = "on", value_name = "on|off", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     dedup: bool,
+    /// Fallow only: create the benchmark pool persistent instead of ephemeral (never
+    /// evicted: keep --keys within the node's budget; journaled by a node with
+    /// --state-dir).
+    #[arg(long)]
+    persistent: bool,
     /// At most N requests per second over all connections and queue slots (fallow and
     /// cluster targets): a steady load, e.g. to watch latency while a node fails.
     #[arg(long, value_name = "N")]
@@ -229,6 +234,7 @@ fn bench_pages(args: PagesArgs) -> anyhow::Result<()> {
     opts.duration = args.duration;
     opts.warmup = args.warmup;
     opts.dedup = args.dedup;
+    opts.persistent = args.persistent;
     opts.seed = args.seed;
     opts.timeline = args.timeline.is_some();
     opts.rate = args.rate;
