@@ -220,7 +220,10 @@ impl Inner {
             };
             match &result {
                 Ok(Ok(())) => {
-                    self.journal_stored(shard, job.key, job.hash, page, job.pool.mask, replaced)
+                    // The stored checksum is the page's CRC-32C masked by its domain.
+                    let crc = job.digest.sum ^ job.pool.mask;
+                    let (key, hash, mask) = (job.key, job.hash, job.pool.mask);
+                    self.journal_stored(shard, key, hash, page, crc, mask, replaced)
                 }
                 Ok(Err(_)) => self.journal(shard, Record::Gone(job.key), -i64::from(replaced)),
                 // The pool is gone: its `PoolGone` records say so.

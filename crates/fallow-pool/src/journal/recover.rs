@@ -146,7 +146,10 @@ fn replay_file(bytes: &[u8], file: usize) -> (BTreeMap<Key, Held>, u64, bool) {
     };
     while at < bytes.len() {
         let Some((record, len)) = Record::decode(&bytes[at..]) else {
-            return (held, records, true);
+            // The file is allocated ahead of its appends, in zeros: the records end where
+            // they start. Anything else is a record the crash cut short.
+            let torn = bytes[at..].iter().any(|b| *b != 0);
+            return (held, records, torn);
         };
         match record {
             Record::Page(key, _) => {
@@ -235,7 +238,7 @@ mod tests {
         let mut bytes = Vec::new();
         write_header(&mut bytes).unwrap();
         for record in records {
-            write_record(&mut bytes, *record).unwrap();
+            write_record(&mut bytes, *record, None).unwrap();
         }
         bytes
     }
@@ -279,6 +282,11 @@ mod tests {
         bytes.truncate(whole - 100);
         let (held, records, torn) = replay_file(&bytes, 0);
         assert_eq!((held.len(), records, torn), (1, 1, true));
+        // The zeros a file is allocated with, after its last record, are its end: not torn.
+        let mut padded = file_of(&[Record::Page(key(1, 0), &page)]);
+        padded.resize(padded.len() + 3 * PAGE_SIZE, 0);
+        let (held, records, torn) = replay_file(&padded, 0);
+        assert_eq!((held.len(), records, torn), (1, 1, false));
         // A bit flipped in the first record's page ends the file there: nothing after a
         // record that does not hold is trusted.
         let mut flipped = file_of(&[Record::Page(key(1, 0), &page), Record::Gone(key(1, 0))]);
