@@ -16,10 +16,10 @@
 //! next start with its CRC checked as it is read (what a snapshot that fails it restored
 //! is undone before the node serves), and removed once restored: a node that crashes
 //! later must not come back with pages older than what it served since. After a crash
-//! there is no snapshot and the node starts empty: nothing it serves can be stale.
-//! A cluster keeps a second copy of every persistent page on another node
-//! (docs/cluster.md), which is what a crash leaves. A client's cluster pools (peer
-//! forwarding) live on other nodes and are not in the snapshot.
+//! there is no snapshot: the node comes back from its state file and the journal of its
+//! persistent pages instead (`recovery.rs`), as it does from a damaged snapshot. A
+//! client's cluster pools (peer forwarding) live on other nodes and are not in the
+//! snapshot.
 //!
 //! `DIR` should be in memory (tmpfs: `/run`, `/dev/shm`): the snapshot is as large as the
 //! pages, it exists only between a stop and the next start, and while it exists it is

@@ -805,7 +805,8 @@ fn errors_under_stalls_in_write_back() {
 /// Write-back while every store write fails: the background flusher keeps trying (each
 /// failure counted), the pages stay dirty and read back from memory, a FUA write fails
 /// with the store's errno; once the store recovers the flusher alone writes everything,
-/// each run once. A SIGTERM while the store fails logs that dirty data may be lost.
+/// each run once. A SIGTERM while the store fails goes on trying, and writes everything
+/// once the store is back.
 #[test]
 fn a_failed_write_back_stays_dirty_until_the_store_recovers() {
     if skip() {
@@ -859,21 +860,52 @@ fn a_failed_write_back_stays_dirty_until_the_store_recovers() {
         store.count("Write", "ok")
     );
 
-    // SIGTERM while the store fails: the last flush fails and says so.
+    // SIGTERM while the store fails, which recovers a second later: the stop keeps
+    // trying, writes everything, and exits cleanly.
     rig.writes.on();
     let out = rig.client.run(&(200..208).map(|p| Op::Write(p, 2)).collect::<Vec<_>>());
+    assert!(out.iter().all(Outcome::ok));
+    let Rig { client, mut fallow, image, writes, .. } = rig;
+    client.close();
+    fallow.daemon.signal("TERM");
+    std::thread::sleep(Duration::from_secs(1));
+    writes.off();
+    let status = fallow.daemon.wait_timeout(Duration::from_secs(30));
+    let log = fallow.daemon.log_so_far();
+    assert!(status.is_some_and(|s| s.success()), "{status:?}\n{log}");
+    assert!(log.contains("the store's flush failed; trying again"), "{log}");
+    for p in 200..208 {
+        assert_eq!(image_page(&image, p), Content::Stamp(p, 2), "page {p}");
+    }
+    println!("SIGTERM with 8 pages dirty and the store failing for 1 s: {status:?}, all written");
+}
+
+/// A stop whose store fails past `--stop-timeout`: the acknowledged writes it could not
+/// write are logged as lost, and the process exits with an error, not as a clean stop.
+#[test]
+fn a_stop_whose_store_never_recovers_exits_with_an_error() {
+    if skip() {
+        return;
+    }
+    let filter = ["error-pwrite=ENOSPC".to_string(), "error-pwrite-rate=100%".to_string()];
+    let fallow_args = ["--write-policy", "back", "--max-dirty-age", "100", "--stop-timeout", "1"];
+    let mut rig = Rig::start("faulty-stop", 64, &["error"], &filter, &fallow_args);
+    rig.writes.on();
+    let out = rig.client.run(&(0..8).map(|p| Op::Write(p, 1)).collect::<Vec<_>>());
     assert!(out.iter().all(Outcome::ok));
     let Rig { client, mut fallow, image, .. } = rig;
     client.close();
     fallow.daemon.signal("TERM");
     let status = fallow.daemon.wait_timeout(Duration::from_secs(30));
-    assert!(status.is_some(), "fallow nbd did not exit after SIGTERM");
     let log = fallow.daemon.log_so_far();
-    assert!(log.contains("the store's flush failed"), "{log}");
-    for p in 200..208 {
+    assert!(status.is_some_and(|s| !s.success()), "{status:?}\n{log}");
+    assert!(log.contains("could not be written to their store within 1s and are lost"), "{log}");
+    for p in 0..8 {
         assert_eq!(image_page(&image, p), Content::Stamp(p, 0), "page {p}");
     }
-    println!("SIGTERM with 8 pages dirty and the store failing: {status:?}, the loss logged");
+    println!(
+        "SIGTERM with 8 pages dirty and the store failing throughout: {status:?}, the loss logged"
+    );
 }
 
 /// Regression: a write-back write of a whole page and part of the next, whose partial

@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
@@ -67,6 +68,12 @@ pub struct ExportArgs {
     /// [default: 1000].
     #[arg(long, value_name = "MS")]
     pub max_dirty_age: Option<u64>,
+    /// How long a stopping server keeps trying to write acknowledged data to the stores
+    /// (dirty data, a store's own volatile part), retrying a store that fails, before it
+    /// gives up, logs what is lost and exits with an error. Keep it under the service
+    /// manager's stop timeout (systemd: TimeoutStopSec, 90 s) [default: 60].
+    #[arg(long, value_name = "SECS")]
+    pub stop_timeout: Option<u64>,
     /// Refuse writes on every export.
     #[arg(long)]
     pub read_only: bool,
@@ -303,38 +310,61 @@ async fn warm_or_cold(
     Ok(())
 }
 
-/// How long a stopping server waits for the exports' dirty data to reach their stores.
-const FINAL_FLUSH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+/// How long a stopping server keeps trying to write the exports' acknowledged data to
+/// their stores, unless `--stop-timeout` says otherwise.
+const STOP_TIMEOUT_SECS: u64 = 60;
 
 /// The exports' last step before the process exits, after the last client: makes every
 /// acknowledged write durable (with write-back, the dirty data still in memory, and what a
-/// store holds on its way, such as a pool export's backup file), bounded, so that a store
-/// that is gone cannot hold the exit forever, and logs what could not be written. With
-/// `--state-dir`, an export whose data all reached its store then hands its local tier to
-/// the pool and is marked clean, so that the next start is warm.
-pub async fn stop_exports(opened: &mut OpenedExports) {
-    let flushed = flush_exports(&opened.exports).await;
-    let Some(state) = &mut opened.state else { return };
-    for (export, flushed) in opened.exports.iter().zip(flushed) {
-        if !flushed || !warm::survives_restart(&export.spec) {
-            continue;
-        }
-        let handed = export.cache.hand_local_to_pool().await;
-        let mark = warm::current_mark(&export.spec, export.cache.size());
-        match state.mark_clean(&export.name, mark) {
-            Ok(()) => {
-                tracing::info!(export = %export.name, handed, "stopped clean: the next start is warm")
+/// store holds on its way, such as a pool export's backup file), retrying a store that
+/// fails for up to `--stop-timeout`, so that a store that is briefly gone loses nothing
+/// and one that is gone for good cannot hold the exit forever. With `--state-dir`, an
+/// export whose data all reached its store then hands its local tier to the pool and is
+/// marked clean, so that the next start is warm. An error when some acknowledged data
+/// could not be written: it is lost, and the process must not exit as if it were not.
+pub async fn stop_exports(opened: &mut OpenedExports, args: &ExportArgs) -> anyhow::Result<()> {
+    let timeout = Duration::from_secs(args.stop_timeout.unwrap_or(STOP_TIMEOUT_SECS));
+    let flushed = flush_exports(&opened.exports, timeout).await;
+    let lost: Vec<&str> = opened
+        .exports
+        .iter()
+        .zip(&flushed)
+        .filter(|(_, ok)| !**ok)
+        .map(|(export, _)| export.name.as_str())
+        .collect();
+    if let Some(state) = &mut opened.state {
+        for (export, flushed) in opened.exports.iter().zip(flushed) {
+            if !flushed || !warm::survives_restart(&export.spec) {
+                continue;
             }
-            Err(err) => {
-                tracing::error!(export = %export.name, error = %format!("{err:#}"), "could not record the clean stop: the next start is cold")
+            let handed = export.cache.hand_local_to_pool().await;
+            let mark = warm::current_mark(&export.spec, export.cache.size());
+            match state.mark_clean(&export.name, mark) {
+                Ok(()) => {
+                    tracing::info!(export = %export.name, handed, "stopped clean: the next start is warm")
+                }
+                Err(err) => {
+                    tracing::error!(export = %export.name, error = %format!("{err:#}"), "could not record the clean stop: the next start is cold")
+                }
             }
         }
     }
+    if !lost.is_empty() {
+        anyhow::bail!(
+            "acknowledged writes of export(s) {} could not be written to their store within \
+             {}s and are lost",
+            lost.join(", "),
+            timeout.as_secs()
+        );
+    }
+    Ok(())
 }
 
 /// [`stop_exports`]' first step; returns, per export, whether everything acknowledged is
-/// in its store now.
-async fn flush_exports(exports: &[OpenedExport]) -> Vec<bool> {
+/// in its store now. A flush that fails is tried again, after a pause that doubles from
+/// 100 ms up to 5 s, until `timeout` has passed since the first try.
+async fn flush_exports(exports: &[OpenedExport], timeout: Duration) -> Vec<bool> {
+    let deadline = tokio::time::Instant::now() + timeout;
     let mut flushed = Vec::with_capacity(exports.len());
     for export in exports {
         let dirty = export.cache.dirty_bytes();
@@ -348,27 +378,41 @@ async fn flush_exports(exports: &[OpenedExport]) -> Vec<bool> {
         if dirty > 0 {
             tracing::info!(export = %export.name, dirty, "writing dirty data out before exit");
         }
-        let ok = match tokio::time::timeout(FINAL_FLUSH_TIMEOUT, export.cache.flush()).await {
-            Ok(Ok(())) => true,
-            Ok(Err(err)) => {
+        let mut pause = Duration::from_millis(100);
+        let mut tries = 0u32;
+        let ok = loop {
+            tries += 1;
+            let attempt = tokio::time::timeout_at(deadline, export.cache.flush()).await;
+            let err = match attempt {
+                Ok(Ok(())) if export.cache.dirty_bytes() == 0 => break true,
+                Ok(Ok(())) => "dirty data is left after the flush".to_string(),
+                Ok(Err(err)) => err.to_string(),
+                Err(_) => "the store did not answer in time".to_string(),
+            };
+            let now = tokio::time::Instant::now();
+            if now + pause >= deadline {
                 tracing::error!(
                     export = %export.name,
-                    %err,
-                    "the store's flush failed: writes since the last flush may be lost"
-                );
-                false
-            }
-            Err(_) => {
-                tracing::error!(
-                    export = %export.name,
+                    tries,
                     dirty = export.cache.dirty_bytes(),
-                    "the store took over {FINAL_FLUSH_TIMEOUT:?} to flush: writes since the \
-                     last flush may be lost"
+                    err,
+                    "the store's flush failed until the stop timeout: acknowledged writes \
+                     since the last flush are lost"
                 );
-                false
+                break false;
             }
+            tracing::warn!(
+                export = %export.name,
+                tries,
+                dirty = export.cache.dirty_bytes(),
+                err,
+                retry_ms = pause.as_millis() as u64,
+                "the store's flush failed; trying again"
+            );
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(5));
         };
-        flushed.push(ok && export.cache.dirty_bytes() == 0);
+        flushed.push(ok);
     }
     flushed
 }

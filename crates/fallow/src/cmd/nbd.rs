@@ -137,8 +137,7 @@ pub fn run(cli: NbdArgs) -> anyhow::Result<()> {
             }
         }
         server.shutdown().await;
-        stop_exports(&mut opened).await;
-        Ok(())
+        stop_exports(&mut opened, &args.exports).await
     })
 }
 

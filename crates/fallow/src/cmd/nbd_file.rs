@@ -46,6 +46,8 @@ pub struct NbdFile {
     pub max_dirty: Option<String>,
     /// As `--max-dirty-age`. Changes on SIGHUP.
     pub max_dirty_age_ms: Option<u64>,
+    /// As `--stop-timeout`, in seconds.
+    pub stop_timeout: Option<u64>,
     /// As `--tls`.
     pub tls: Option<TlsMode>,
     /// As `--tls-certificates`.
@@ -76,6 +78,12 @@ impl NbdFile {
         exports: &mut ExportArgs,
         tls: &mut NbdTlsArgs,
     ) -> anyhow::Result<()> {
+        // Each export travels on as `--export NAME=BACKING`, whose name ends at the first
+        // `=`: a name holding one would be served under a shorter name, with the rest
+        // taken for part of its store, and without its section's settings.
+        if let Some(name) = self.exports.keys().find(|name| name.contains('=')) {
+            anyhow::bail!("config file: [exports.{name:?}]: an export name cannot contain '='");
+        }
         if listen.is_empty() {
             for text in self.listen.unwrap_or_default() {
                 listen
@@ -102,6 +110,7 @@ impl NbdFile {
         e.write_policy = e.write_policy.or(self.write_policy);
         e.max_dirty = e.max_dirty.take().or(self.max_dirty);
         e.max_dirty_age = e.max_dirty_age.or(self.max_dirty_age_ms);
+        e.stop_timeout = e.stop_timeout.or(self.stop_timeout);
         for (name, own) in self.exports {
             e.exports.push(format!("{name}={}", own.backing));
             e.own.insert(name, own);
@@ -117,6 +126,43 @@ impl NbdFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
+
+    /// `fallow nbd`'s flags, none given.
+    #[derive(Parser)]
+    struct NoFlags {
+        #[command(flatten)]
+        exports: ExportArgs,
+        #[command(flatten)]
+        tls: NbdTlsArgs,
+    }
+
+    fn merge(text: &str) -> anyhow::Result<NoFlags> {
+        let file: NbdFile = toml::from_str(text).unwrap();
+        let mut flags = NoFlags::parse_from(["fallow"]);
+        let (mut listen, mut metrics, mut poll_us) = (Vec::new(), None, None);
+        file.merge_into(
+            &mut listen,
+            &mut metrics,
+            &mut poll_us,
+            &mut flags.exports,
+            &mut flags.tls,
+        )?;
+        Ok(flags)
+    }
+
+    #[test]
+    fn export_names_with_an_equals_sign_are_refused() {
+        // Found by the config_toml fuzz target: `[exports."a=b"]` was served as export
+        // `a` over the store `b=mem:1M`, without its section's settings.
+        let err = merge("[exports.\"a=b\"]\nbacking = \"mem:1M\"\n").err().unwrap();
+        assert!(format!("{err:#}").contains("cannot contain '='"), "{err:#}");
+        let flags =
+            merge("[exports.a]\nbacking = \"file:/tmp/x=y\"\nlocal_tier = \"8K\"\n").unwrap();
+        let specs = flags.exports.specs().unwrap();
+        assert_eq!(specs, [("a".to_string(), "file:/tmp/x=y".to_string())]);
+        assert_eq!(flags.exports.cache_settings("a").unwrap().local_pages, 2);
+    }
 
     #[test]
     fn the_sample_parses_and_unknown_keys_are_refused() {

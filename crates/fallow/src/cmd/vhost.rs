@@ -152,7 +152,6 @@ pub fn run(args: VhostArgs) -> anyhow::Result<()> {
                 "vhost-user device stopped"
             );
         }
-        stop_exports(&mut opened).await;
-        Ok(())
+        stop_exports(&mut opened, &args.exports).await
     })
 }
