@@ -247,7 +247,7 @@ def section(head, tally, verdicts, kills, png):
     o.append("A node's series restarts with each life (`node1.2`: node 1's second process); "
              "nodes fill up again after each restart, so they are judged by their peak, the "
              "`fallow nbd` process, which lives throughout, by its drift.")
-    o.append(f"Plot: `{png}` (not committed: regenerate with the command above).")
+    o.append(f"Plot: `{png}` (the last run's is docs/img/soak-rss-fds.png).")
     return "\n".join(o) + "\n"
 
 
