@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's one test command (README "Test it"; CI runs it through .ci/run).
-# Installs what a fresh machine lacks, then: fmt, clippy -D warnings, every test, and a
-# trace check of the eviction policy. Exits non-zero on the first failure.
+# Installs what a fresh machine lacks, then: fmt, clippy -D warnings, every test, a fuzz
+# smoke run, and a trace check of the eviction policy. Exits non-zero on the first failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -105,6 +105,13 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 # The guest tests fail, instead of skipping, if QEMU or nbdkit is missing here.
 FALLOW_REQUIRE_GUESTS=1 cargo test --workspace --locked "${features[@]}" 2>&1 | tee "$log"
+
+step "fuzz smoke"
+# Every fuzz target (fuzz/, a workspace of its own) for 10 s from its seed corpus, on the
+# stable toolchain: a decoder change that panics or breaks a checked property on an input
+# the corpus holds fails here, not weeks later in a long run (docs/reliability.md,
+# "Fuzzing"; about 4 minutes from a clean checkout, most of it the build).
+bash scripts/fuzz.sh smoke
 
 step "trace check"
 bash scripts/trace-check.sh

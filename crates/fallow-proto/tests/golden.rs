@@ -13,6 +13,8 @@ use fallow_proto::fallow::{
     StatEntry, Status, SummaryChunk,
 };
 
+mod seeds;
+
 /// A frame header: length, op, status, reserved, id.
 fn header(body_len: usize, op: u8, status: u8, id: u64) -> Vec<u8> {
     let mut h = ((12 + body_len) as u32).to_le_bytes().to_vec();
@@ -28,6 +30,7 @@ fn frame(op: u8, status: u8, id: u64, body: &[u8]) -> Vec<u8> {
 }
 
 fn check_request(request: Request, id: u64, expected: Vec<u8>) {
+    seeds::seed("node_frame", &[0, 0], &expected);
     let mut buf = BytesMut::new();
     request.encode(id, &mut buf);
     assert_eq!(&buf[..], &expected[..], "encoding of {request:?}");
@@ -37,6 +40,7 @@ fn check_request(request: Request, id: u64, expected: Vec<u8>) {
 }
 
 fn check_reply(reply: Reply, op: Op, keys: usize, id: u64, expected: Vec<u8>) {
+    seeds::seed("node_frame", &(keys as u16).to_le_bytes(), &expected);
     let mut buf = BytesMut::new();
     reply.encode(op, id, &mut buf);
     assert_eq!(&buf[..], &expected[..], "encoding of {reply:?}");

@@ -12,6 +12,8 @@ use fallow_proto::nbd::handshake::{
 };
 use fallow_proto::nbd::*;
 
+mod seeds;
+
 // ---------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------
@@ -62,6 +64,8 @@ fn rep_bytes(option: u32, reply_type: u32, data: &[u8]) -> Vec<u8> {
 }
 
 fn check_opt(opt: Opt, expected: Vec<u8>) {
+    // The client flags (FIXED_NEWSTYLE | NO_ZEROES), then the option.
+    seeds::seed("nbd_handshake", &[0, 0, 0, 3], &expected);
     let mut buf = BytesMut::new();
     opt.encode(&mut buf);
     assert_eq!(&buf[..], &expected[..], "encoding of {opt:?}");
@@ -74,6 +78,7 @@ fn check_opt(opt: Opt, expected: Vec<u8>) {
 }
 
 fn check_option_reply(option: u32, reply: OptionReply, expected: Vec<u8>) {
+    seeds::seed("nbd_reply", &[], &expected);
     let mut buf = BytesMut::new();
     reply.encode(option, &mut buf);
     assert_eq!(&buf[..], &expected[..], "encoding of {reply:?}");
@@ -86,6 +91,8 @@ fn check_option_reply(option: u32, reply: OptionReply, expected: Vec<u8>) {
 }
 
 fn check_request(request: Request, expected: Vec<u8>) {
+    // Structured replies and base:allocation negotiated, on the first export.
+    seeds::seed("nbd_request", &[3], &expected);
     let mut buf = BytesMut::new();
     request.encode(&mut buf);
     assert_eq!(&buf[..], &expected[..], "encoding of {request:?}");
@@ -94,6 +101,7 @@ fn check_request(request: Request, expected: Vec<u8>) {
 }
 
 fn check_chunk(chunk: Chunk, expected: Vec<u8>) {
+    seeds::seed("nbd_reply", &[], &expected);
     let mut buf = BytesMut::new();
     chunk.encode(&mut buf);
     assert_eq!(&buf[..], &expected[..], "encoding of {chunk:?}");
@@ -194,6 +202,7 @@ fn greeting() {
     encode_greeting(&mut buf, NBD_FLAG_FIXED_NEWSTYLE | NBD_FLAG_NO_ZEROES);
     assert_eq!(&buf[..], &expected[..]);
     assert_eq!(check_prefixes(&expected, decode_greeting), 3);
+    seeds::seed("nbd_reply", &[], &expected);
 }
 
 #[test]
@@ -235,6 +244,7 @@ fn export_name_reply_with_and_without_zeroes() {
         reply.encode(&mut buf, client_flags);
         assert_eq!(&buf[..], &expected[..]);
         assert_eq!(ExportNameReply::wire_len(client_flags), expected.len());
+        seeds::seed("nbd_reply", &[], expected);
         let got = check_prefixes(expected, |b| decode_export_name_reply(b, client_flags));
         assert_eq!(got, reply);
     }
@@ -528,6 +538,7 @@ fn write_request_and_its_payload() {
     let header = request_bytes([0, 1], [0, 1], [0, 0, 0, 0, 0, 0, 2, 0], [0, 0, 0, 4]);
     check_request(write, header.clone());
     let whole = cat(&[&header, b"abcd"]);
+    seeds::seed("nbd_request", &[3], &whole);
     // One step: nothing until header and payload are all there.
     let (got, payload) = check_prefixes(&whole, |b| decode_request_with_payload(b, 4));
     assert_eq!((got, &payload[..]), (write, &b"abcd"[..]));
@@ -579,6 +590,7 @@ fn simple_replies() {
         assert_eq!(&buf[..], &expected[..]);
         let got = check_prefixes(&expected, |b| decode_reply(b, 0));
         assert_eq!(got, Reply::Simple(reply));
+        seeds::seed("nbd_reply", &[], &expected);
         assert_eq!(got.cookie(), COOKIE_U64);
     }
     // A READ's data follows the header: the decoder leaves it for take_payload.
@@ -813,6 +825,7 @@ fn a_session_decodes_message_after_message() {
     write.encode(&mut wire);
     wire.put_slice(b"xyz");
     request(0, Cmd::Disc, 0, 0).encode(&mut wire);
+    seeds::seed("nbd_handshake", &[], &wire);
 
     assert_eq!(decode_client_flags(&mut wire, 3), Ok(Some(1)));
     let mut opts = vec![];
