@@ -28,6 +28,10 @@ command -v nbdkit >/dev/null || packages+=(nbdkit)
 command -v fio >/dev/null || packages+=(fio)
 command -v fusermount3 >/dev/null || packages+=(fuse3)
 command -v nft >/dev/null || packages+=(nftables)
+# The crash-state test of ext4 (crates/fallow/tests/crash_states.rs) makes the image with
+# mke2fs, replays each state's journal and checks it with e2fsck, and reads files with
+# debugfs (Debian's e2fsprogs, present on most installs).
+command -v debugfs >/dev/null || packages+=(e2fsprogs)
 # TLS (crates/fallow-tls) links the system OpenSSL through pkg-config; the TLS tests make
 # their certificates with the openssl tool, as docs/security.md tells users to.
 command -v openssl >/dev/null || packages+=(openssl)

@@ -5,12 +5,14 @@
 //! # Locking
 //! `pages` is a `parking_lot` mutex held for one map operation. `flushing` is a tokio
 //! mutex held across a whole write-back pass, so that passes do not interleave and a FLUSH
-//! waits for the pass under way.
+//! waits for the pass under way, and across a discard (TRIM, WRITE_ZEROES) from its
+//! write-back to its store operation's end, so that no pass writes a page while the store
+//! discards it. Lock order: `flushing` → the coherence gates → `pages`.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 use tokio::sync::{Mutex as AsyncMutex, MutexGuard};
 
@@ -49,6 +51,23 @@ impl DirtySet {
         let version = pages.next_version;
         let since = pages.map.get(&page).map_or_else(Instant::now, |e| e.since);
         pages.map.insert(page, Entry { data, version, since });
+    }
+
+    /// Zeroes bytes `start..end` of `page` if it is dirty, as a new version (a write-back
+    /// under way that took the older one leaves the page dirty).
+    pub(crate) fn zero(&self, page: u64, start: usize, end: usize) {
+        let mut guard = self.pages.lock();
+        let pages = &mut *guard;
+        if let Some(entry) = pages.map.get_mut(&page) {
+            pages.next_version += 1;
+            let version = pages.next_version;
+            let mut data = BytesMut::from(&entry.data[..]);
+            if let Some(bytes) = data.get_mut(start..end) {
+                bytes.fill(0);
+            }
+            entry.data = data.freeze();
+            entry.version = version;
+        }
     }
 
     /// Forgets `page` if it is still at `version`.

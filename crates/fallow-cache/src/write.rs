@@ -166,13 +166,30 @@ impl CacheLayer {
         F: for<'a> FnOnce(&'a Shared) -> futures::future::BoxFuture<'a, io::Result<()>>,
     {
         let s = &*self.shared;
-        let pages: Vec<u64> = pieces(offset, len as u64).map(|p| p.page).collect();
+        let range: Vec<Piece> = pieces(offset, len as u64).collect();
+        let pages: Vec<u64> = range.iter().map(|p| p.page).collect();
+        // No write-back pass runs until the discard is done: the store may apply a write
+        // that overlaps the discard in either order, and a page a pass holds may be older
+        // than the discard (`a_write_back_pass_during_a_zeroing_of_its_page_…`).
+        let one_at_a_time = s.dirty.flushing().await;
         // Dirty pages of the range go out first, so the store applies the discard to their
         // newest content (a partial page keeps the rest of its bytes).
-        write_back_all(s, Some(&pages)).await?;
+        write_back_held(s, Some(&pages)).await?;
         let guard = s.coherence.begin_write(pages.iter().copied());
         let result = op(s).await;
         let gates = guard.gates().await;
+        if result.is_ok() {
+            // A write-back write of one of these pages that took the gates since the
+            // write-back above made the page dirty again, merged with what the store or
+            // the local tier held before the discard. The two overlapped, so the write may
+            // count as the older: the discard applies to the dirty copy too, or that
+            // copy's write-back would put the discarded bytes back after the store
+            // dropped them (`a_partial_write_racing_a_zeroing_of_its_page_…`).
+            for p in range.iter().filter(|p| p.page < s.whole_pages) {
+                s.dirty.zero(p.page, p.start, p.end);
+            }
+        }
+        drop(one_at_a_time);
         let cached: Vec<u64> = pages.into_iter().filter(|p| *p < s.whole_pages).collect();
         for page in &cached {
             s.local.remove(*page);
@@ -204,9 +221,14 @@ pub(crate) const WRITE_BACK_RUN_PAGES: usize = 256;
 /// first failed run no further run starts and the error is returned once those in flight
 /// have ended; pages of runs that did not complete stay dirty.
 pub(crate) async fn write_back_all(s: &Shared, only: Option<&[u64]>) -> io::Result<()> {
+    let _one_at_a_time = s.dirty.flushing().await;
+    write_back_held(s, only).await
+}
+
+/// [`write_back_all`] for a caller that holds the dirty set's `flushing` lock.
+async fn write_back_held(s: &Shared, only: Option<&[u64]>) -> io::Result<()> {
     use futures::StreamExt;
 
-    let _one_at_a_time = s.dirty.flushing().await;
     let snapshot = s.dirty.snapshot(only);
     // Taken with the snapshot: a write that begins later invalidates the ticket, so its
     // page is not put back into the local tier with the older bytes.

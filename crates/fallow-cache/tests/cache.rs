@@ -592,3 +592,189 @@ async fn overlapping_writes_of_a_page_leave_the_cache_agreeing_with_the_store() 
     assert_eq!(stored, 2, "the store applied the writes in order");
     assert_eq!(cache.read(0, 1).await.unwrap()[0], stored, "the cache and the store differ");
 }
+
+/// A store whose zeroings and trims wait, once entered, until the test lets them go.
+#[derive(Debug)]
+struct HeldDiscardStore {
+    inner: MemStore,
+    entered: tokio::sync::Notify,
+    release: tokio::sync::Notify,
+}
+
+impl HeldDiscardStore {
+    async fn hold(&self) {
+        self.entered.notify_one();
+        self.release.notified().await;
+    }
+}
+
+#[async_trait]
+impl BackingStore for HeldDiscardStore {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn read(&self, offset: u64, len: u32) -> std::io::Result<Bytes> {
+        self.inner.read(offset, len).await
+    }
+    async fn write(&self, offset: u64, data: Bytes, durability: Durability) -> std::io::Result<()> {
+        self.inner.write(offset, data, durability).await
+    }
+    async fn flush(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    async fn trim(&self, offset: u64, len: u32) -> std::io::Result<()> {
+        self.hold().await;
+        self.inner.trim(offset, len).await
+    }
+    async fn write_zeroes(&self, offset: u64, len: u32, zeroing: Zeroing) -> std::io::Result<()> {
+        self.hold().await;
+        self.inner.write_zeroes(offset, len, zeroing).await
+    }
+}
+
+/// A write-back write of part of a page, made while a WRITE_ZEROES of that page is in
+/// the store: the write merges its bytes with the page as it was before the zeroing
+/// (from the store, or the local tier) and makes the page dirty. The zeroing must apply
+/// to that dirty copy too; otherwise the copy's write-back, after the store zeroed the
+/// page, brings the zeroed bytes back, and a FLUSH after both were acknowledged makes
+/// the lost zeroing durable (found by the crash-state enumeration,
+/// `tests/crash_states.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partial_write_racing_a_zeroing_of_its_page_does_not_bring_back_zeroed_bytes() {
+    for (local_pages, trim) in [(0, false), (4, false), (0, true), (4, true)] {
+        let store = Arc::new(HeldDiscardStore {
+            inner: MemStore::new(4 * PAGE_SIZE as u64),
+            entered: tokio::sync::Notify::new(),
+            release: tokio::sync::Notify::new(),
+        });
+        store
+            .inner
+            .write(0, Bytes::from(vec![0xaa; PAGE_SIZE]), Durability::AtFlush)
+            .await
+            .unwrap();
+        let write =
+            WritePolicy::Back { max_dirty_bytes: 1 << 20, max_age: Duration::from_secs(60) };
+        let config = CacheConfig { local_pages, mode: Mode::Exclusive, scan_bytes: 1 << 20, write };
+        let cache = CacheLayer::new(store.clone(), None, config);
+        assert_eq!(cache.read(0, 1).await.unwrap()[0], 0xaa); // cached when there is a tier
+        let discard = {
+            let cache = cache.clone();
+            tokio::spawn(async move {
+                if trim {
+                    cache.trim(0, PAGE_SIZE as u32).await
+                } else {
+                    cache.write_zeroes(0, PAGE_SIZE as u32, Zeroing::MayDeallocate).await
+                }
+            })
+        };
+        store.entered.notified().await; // the zeroing is in the store, not yet done
+        cache.write(0, Bytes::from(vec![0xbb; 10]), Durability::AtFlush).await.unwrap();
+        store.release.notify_one();
+        discard.await.unwrap().unwrap();
+        cache.flush().await.unwrap();
+        // The write and the zeroing overlapped: either came first, so the write's 10
+        // bytes are 0xbb or zeros, and the rest of the page is zeros in any case.
+        let what = if trim { "trimmed" } else { "zeroed" };
+        for (name, page) in [
+            ("the store", store.inner.read(0, PAGE_SIZE as u32).await.unwrap()),
+            ("the cache", cache.read(0, PAGE_SIZE as u32).await.unwrap()),
+        ] {
+            assert!(
+                page[..10].iter().all(|b| *b == 0xbb) || page[..10].iter().all(|b| *b == 0),
+                "{name}, local tier {local_pages}: {:?}",
+                &page[..10]
+            );
+            assert!(
+                page[10..].iter().all(|b| *b == 0),
+                "{name}, local tier {local_pages}: bytes the {what} page held came back"
+            );
+        }
+    }
+}
+
+/// A store that zeroes at once but answers a zeroing only when the test lets it.
+#[derive(Debug)]
+struct LateZeroStore {
+    inner: MemStore,
+    zeroed: tokio::sync::Notify,
+    release: tokio::sync::Notify,
+}
+
+#[async_trait]
+impl BackingStore for LateZeroStore {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn read(&self, offset: u64, len: u32) -> std::io::Result<Bytes> {
+        self.inner.read(offset, len).await
+    }
+    async fn write(&self, offset: u64, data: Bytes, durability: Durability) -> std::io::Result<()> {
+        self.inner.write(offset, data, durability).await
+    }
+    async fn flush(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    async fn trim(&self, offset: u64, len: u32) -> std::io::Result<()> {
+        self.inner.trim(offset, len).await
+    }
+    async fn write_zeroes(&self, offset: u64, len: u32, zeroing: Zeroing) -> std::io::Result<()> {
+        self.inner.write_zeroes(offset, len, zeroing).await?;
+        self.zeroed.notify_one();
+        self.release.notified().await;
+        Ok(())
+    }
+}
+
+/// A write-back pass (here a FLUSH's) that writes a page while a WRITE_ZEROES of it is in
+/// the store: the store may apply the two in either order, and the page the pass holds
+/// is older than the zeroing (a partial write merged it with the local tier's copy while
+/// the store was zeroing). No pass may write a page of a discard in flight, or the store
+/// keeps the older bytes once the zeroing is acknowledged (found by the crash-state
+/// enumeration, `tests/crash_states.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_back_pass_during_a_zeroing_of_its_page_does_not_undo_it() {
+    let store = Arc::new(LateZeroStore {
+        inner: MemStore::new(4 * PAGE_SIZE as u64),
+        zeroed: tokio::sync::Notify::new(),
+        release: tokio::sync::Notify::new(),
+    });
+    let write = WritePolicy::Back { max_dirty_bytes: 1 << 20, max_age: Duration::from_secs(60) };
+    let config = CacheConfig { local_pages: 4, mode: Mode::Exclusive, scan_bytes: 1 << 20, write };
+    let cache = CacheLayer::new(store.clone(), None, config);
+    // Dirty; the zeroing writes it back first, and it stays in the local tier, clean.
+    cache.write(0, Bytes::from(vec![0xaa; PAGE_SIZE]), Durability::AtFlush).await.unwrap();
+    let zeroing = {
+        let cache = cache.clone();
+        tokio::spawn(async move {
+            cache.write_zeroes(0, PAGE_SIZE as u32, Zeroing::MayDeallocate).await
+        })
+    };
+    store.zeroed.notified().await; // zeroed in the store, not yet answered
+    cache.write(0, Bytes::from(vec![0xbb; 10]), Durability::AtFlush).await.unwrap();
+    let flush = {
+        let cache = cache.clone();
+        tokio::spawn(async move { cache.flush().await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await; // time for the FLUSH to write
+    store.release.notify_one();
+    zeroing.await.unwrap().unwrap();
+    flush.await.unwrap().unwrap();
+    cache.flush().await.unwrap();
+    for (name, page) in [
+        ("the store", store.inner.read(0, PAGE_SIZE as u32).await.unwrap()),
+        ("the cache", cache.read(0, PAGE_SIZE as u32).await.unwrap()),
+    ] {
+        assert!(
+            page[..10].iter().all(|b| *b == 0xbb) || page[..10].iter().all(|b| *b == 0),
+            "{name}: {:?}",
+            &page[..10]
+        );
+        assert!(page[10..].iter().all(|b| *b == 0), "{name}: bytes the zeroed page held came back");
+    }
+}

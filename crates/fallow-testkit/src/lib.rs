@@ -14,11 +14,14 @@
 //! throwaway certificates and pre-shared keys, made with `openssl`, for the TLS tests. Behind
 //! features, for the crates whose tests need them: `node` (a real node on a thread of its
 //! own), `backing` (the model every backing store is checked against), `pool` (page
-//! contents and the benches' settings).
+//! contents and the benches' settings), `crash` ([`crash`]: a recording store and the
+//! crash states built from its log).
 
 #[cfg(feature = "backing")]
 pub mod backing_model;
 pub mod ceph;
+#[cfg(feature = "crash")]
+pub mod crash;
 pub mod guest;
 #[cfg(feature = "node")]
 pub mod node;

@@ -302,6 +302,15 @@ impl Op {
     }
 }
 
+/// A torn page: 16-byte units of stamps (part of one write, part of another) and zeros.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Torn {
+    /// Each stamp's page and generation, and how many units hold it.
+    pub stamps: Vec<(u64, u32, u32)>,
+    /// Units of zeros.
+    pub zeros: u32,
+}
+
 /// How one request ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
@@ -309,6 +318,8 @@ pub struct Outcome {
     pub error: Option<String>,
     /// A read's data.
     pub data: Option<Content>,
+    /// A read of `Other` data made of 16-byte units of stamps and zeros.
+    pub torn: Option<Torn>,
     /// When it was submitted and seen complete (concurrent batches only; nanoseconds).
     pub t0: u64,
     /// See `t0`.
@@ -324,9 +335,18 @@ impl Outcome {
             d if d == "zero" => Content::Zero,
             _ => Content::Other,
         });
+        let number = |v: &serde_json::Value| v.as_u64().unwrap();
+        let torn = v.get("u").and_then(|u| u.as_array()).map(|units| Torn {
+            stamps: units
+                .iter()
+                .map(|u| (number(&u[0]), number(&u[1]) as u32, number(&u[2]) as u32))
+                .collect(),
+            zeros: v.get("z").map_or(0, number) as u32,
+        });
         Outcome {
             error: v.get("e").and_then(|e| e.as_str()).map(str::to_string),
             data,
+            torn,
             t0: v.get("t0").and_then(|t| t.as_u64()).unwrap_or(0),
             t1: v.get("t1").and_then(|t| t.as_u64()).unwrap_or(0),
         }
