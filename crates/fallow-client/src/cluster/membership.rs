@@ -1,6 +1,7 @@
 //! Keeping the view true: the refresh asks a node for the members (MEMBERS), adopts new
-//! members (a connection and every pool), retires dead or restarted ones, pings nodes this
-//! client found unreachable, and creates pools that some node still lacks.
+//! members (a connection and every pool), retires dead ones and ones restarted as new
+//! nodes, keeps the slot of a node restarted with its node id, pings nodes this client
+//! found unreachable, and creates pools that some node still lacks.
 //!
 //! A seed that does not gossip (it answers MEMBERS with no entries, or is too old to know
 //! the request) makes the seeds themselves the cluster: each is a member, always "alive"
@@ -33,6 +34,16 @@ type Adopted = (Member, Client, u128, Vec<(PoolId, PoolId)>);
 
 /// Pools a node lacks: logical id and spec.
 type Missing = Vec<(PoolId, PoolSpec)>;
+
+/// What a node listed under a newer generation turned out to be ([`Inner::rejoin`]).
+enum Rejoin {
+    /// The same node id: restarted with its pools; it keeps its slot.
+    SameNode,
+    /// Another node id: a new node, retired and adopted afresh.
+    NewNode,
+    /// It did not answer: down until a ping finds it.
+    Unreachable,
+}
 
 impl Inner {
     /// One refresh: members, adoptions and retirements, pings, missing pools.
@@ -117,30 +128,80 @@ impl Inner {
 
     /// Brings the view in line with `members`; returns the first error met connecting to
     /// a new member, if any.
+    ///
+    /// A member list is one node's view, and it may lag: a node restarted a moment ago
+    /// has not heard from its peers yet, and another may still list the restarted node
+    /// under its old generation. So a node is retired only on evidence: the list says it
+    /// is dead (at the generation this client uses, or later), or it is absent from the
+    /// list and this client cannot reach it either. A node listed under a newer
+    /// generation has restarted: if it answers with the node id this client knows, it
+    /// came back from its state directory with its pools and persistent pages, and keeps
+    /// its slot ([`Inner::rejoin`]); with another id it is a new node, retired here and
+    /// adopted afresh.
     pub(crate) async fn reconcile(&self, members: Vec<Member>) -> Option<ClientError> {
-        let (adopt, retire) = {
-            let mut view = self.view.write();
+        let (retire, restarted) = {
+            let view = self.view.read();
             let mut retire = Vec::new();
-            for entry in &mut view.nodes {
+            let mut restarted = Vec::new();
+            for entry in &view.nodes {
                 match members.iter().find(|m| m.id == entry.link.id) {
-                    Some(m) if m.generation == entry.generation && m.state != MemberState::Dead => {
-                        entry.state = m.state;
-                        entry.capacity = m.capacity;
+                    // Older news of it (the answering node has not heard of the restart).
+                    Some(m) if m.generation < entry.generation => {}
+                    Some(m) if m.state == MemberState::Dead => retire.push(entry.link.slot),
+                    Some(m) if m.generation > entry.generation => {
+                        restarted.push((entry.link.clone(), m.clone()))
                     }
-                    _ => retire.push(entry.link.slot),
+                    Some(_) => {}
+                    None if entry.link.is_down() => retire.push(entry.link.slot),
+                    // Not heard of by the node that answered, but this client reaches it.
+                    None => {}
                 }
             }
-            let adopt: Vec<Member> = members
+            (retire, restarted)
+        };
+        let checks = restarted.iter().map(|(link, _)| self.rejoin(link));
+        let mut new_runs = Vec::new();
+        for ((link, member), rejoined) in
+            restarted.iter().zip(futures::future::join_all(checks).await)
+        {
+            match rejoined {
+                Rejoin::SameNode => tracing::info!(
+                    node = %link.id, generation = member.generation,
+                    "node restarted with its pools and persistent pages (same node id)"
+                ),
+                Rejoin::NewNode => new_runs.push(link.slot),
+                // Skipped until it answers a ping; its generation is looked at again then.
+                Rejoin::Unreachable => continue,
+            }
+            if let Some(entry) =
+                self.view.write().nodes.iter_mut().find(|n| n.link.slot == link.slot)
+            {
+                entry.generation = member.generation;
+            }
+        }
+        self.retire(&new_runs, "restarted as a new node");
+        {
+            let mut view = self.view.write();
+            for entry in &mut view.nodes {
+                if let Some(m) = members
+                    .iter()
+                    .find(|m| m.id == entry.link.id && m.generation == entry.generation)
+                {
+                    entry.state = m.state;
+                    entry.capacity = m.capacity;
+                }
+            }
+        }
+        self.retire(&retire, "dead, or gone and unreachable");
+        let adopt: Vec<Member> = {
+            let view = self.view.read();
+            members
                 .iter()
                 .filter(|m| m.state != MemberState::Dead)
-                .filter(|m| {
-                    !view.nodes.iter().any(|n| n.link.id == m.id && n.generation == m.generation)
-                })
+                .filter(|m| !view.nodes.iter().any(|n| n.link.id == m.id))
                 .cloned()
-                .collect();
-            (adopt, retire)
+                .collect()
         };
-        self.retire(&retire, "dead, gone or restarted");
         let joined = futures::future::join_all(adopt.into_iter().map(|m| self.adopt(m))).await;
         let mut first_error = None;
         let mut view = self.view.write();
@@ -185,7 +246,9 @@ impl Inner {
         let client =
             Client::connect(self.config.node(member.endpoint.clone())).await.map_err(failed)?;
         let node_id = client.node_id().await.map_err(failed)?;
-        // The same run of a node seen again (a healed partition): its old pools go first.
+        // A node this client retired, seen again with the same node id (a healed
+        // partition, or a restart from its state directory after it was declared dead):
+        // the pools it had go first, as the summary no longer points into them.
         let old = self.orphans.lock().remove(&node_id);
         for pool in old.map(|(_, pools)| pools).unwrap_or_default() {
             let _ = client.destroy_pool(pool).await;
@@ -232,49 +295,78 @@ impl Inner {
         self.repair_wake.notify_one();
     }
 
-    /// Pings every node found unreachable; one that answers is used again. Before that,
-    /// pools destroyed while it was away are destroyed there, and its shared pools are
-    /// emptied: other clients may have written keys meanwhile that it holds older copies
-    /// of, and could not invalidate them there.
+    /// Pings every node found unreachable; one that answers as the same node is used
+    /// again ([`Inner::welcome_back`]), one that answers with another node id is retired.
     async fn probe_down(&self) {
-        let down: Vec<(Arc<NodeLink>, Vec<PoolId>)> = {
+        let down: Vec<Arc<NodeLink>> = {
             let view = self.view.read();
             view.nodes
                 .iter()
                 .filter(|n| n.link.is_down() && n.state != MemberState::Dead)
-                .map(|n| {
-                    let shared = view
-                        .pools
-                        .values()
-                        .filter(|p| p.kind() == Kind::Shared)
-                        .filter_map(|p| p.on.get(&n.link.slot).copied())
-                        .collect();
-                    (n.link.clone(), shared)
-                })
+                .map(|n| n.link.clone())
                 .collect()
         };
-        let probes = down.iter().map(|(link, shared)| async move {
+        let probes = down.iter().map(|link| async move {
             match link.client.ping().await {
                 Ok(_) => {}
                 Err(ClientError::NodeRestarted { .. }) => return Some(link.slot),
                 Err(_) => return None,
             }
-            let orphans = std::mem::take(&mut *link.orphans.lock());
-            for pool in orphans {
-                let _ = link.client.destroy_pool(pool).await;
+            if self.welcome_back(link).await {
+                tracing::info!(node = %link.id, "node answers again");
             }
-            for pool in shared {
-                if link.client.invalidate_pool(*pool).await.is_err() {
-                    return None;
-                }
-            }
-            link.mark_up();
-            tracing::info!(node = %link.id, "node answers again");
             None
         });
         let restarted: Vec<Slot> =
             futures::future::join_all(probes).await.into_iter().flatten().collect();
-        self.retire(&restarted, "restarted");
+        self.retire(&restarted, "restarted as a new node");
+    }
+
+    /// Whether a node gossip lists under a newer generation is still the node this client
+    /// knows: a ping reconnects, and a connection refuses a node id other than the one
+    /// its first connection saw ([`crate::NodeRestart::Refuse`]). A node restarted from
+    /// its state directory keeps its node id, its pool ids and its persistent pages.
+    async fn rejoin(&self, link: &NodeLink) -> Rejoin {
+        match link.client.ping().await {
+            Ok(_) => {}
+            Err(ClientError::NodeRestarted { .. }) => return Rejoin::NewNode,
+            Err(err) => {
+                self.absorb(link, &err);
+                return Rejoin::Unreachable;
+            }
+        }
+        match self.welcome_back(link).await {
+            true => Rejoin::SameNode,
+            false => Rejoin::Unreachable,
+        }
+    }
+
+    /// Makes a node that was away usable again; false if it could not be done (it
+    /// failed again). Pools destroyed while it was away are destroyed there, and its
+    /// shared ephemeral pools are emptied: other clients may have written keys meanwhile
+    /// that it holds older copies of (from before it was cut off, or from the snapshot a
+    /// clean restart loaded), and could not invalidate them there.
+    async fn welcome_back(&self, link: &NodeLink) -> bool {
+        let shared: Vec<PoolId> = {
+            let view = self.view.read();
+            view.pools
+                .values()
+                .filter(|p| p.kind() == Kind::Shared)
+                .filter_map(|p| p.on.get(&link.slot).copied())
+                .collect()
+        };
+        let orphans = std::mem::take(&mut *link.orphans.lock());
+        for pool in orphans {
+            let _ = link.client.destroy_pool(pool).await;
+        }
+        for pool in shared {
+            if let Err(err) = link.client.invalidate_pool(pool).await {
+                self.absorb(link, &err);
+                return false;
+            }
+        }
+        link.mark_up();
+        true
     }
 
     /// Creates every ephemeral pool on the usable nodes that lack it (creation failed

@@ -1,8 +1,10 @@
 //! What a cluster client knows of the cluster: its nodes, each with a [`Client`], and its
 //! pools, each a pool on every node.
 //!
-//! A node is an incarnation: a member's name plus its generation (a restart is a new
-//! node, with a new slot, because its pools and pool ids are gone). A node is *usable*
+//! A node is one node id under a member's name: a restart that keeps the node id (from
+//! its `--state-dir`) keeps its pools, pool ids and persistent pages, so it keeps its
+//! slot and only its generation changes; a restart with a new node id is a new node,
+//! with a new slot, because its pools and pool ids are gone. A node is *usable*
 //! (gets go to it) unless membership says it is dead or this client found it unreachable
 //! ("down", until it answers a ping); it is *placeable* (new puts go to it) when it is
 //! also alive rather than suspect and has weight.
@@ -89,7 +91,8 @@ impl NodeLink {
 /// A node in the view, with what membership says of it.
 pub(crate) struct NodeEntry {
     pub link: Arc<NodeLink>,
-    /// The member's generation (0 for a seed outside any cluster).
+    /// The member's generation (0 for a seed outside any cluster): the latest this client
+    /// has seen of the node id its link holds.
     pub generation: u64,
     /// [`placement::node_seed`] of its name.
     pub seed: u64,
