@@ -71,8 +71,8 @@ pub enum PutOutcome {
 pub enum HashPutOutcome {
     /// The store held a live page with this hash and checksum; the key now shares it.
     Stored,
-    /// No such content is held (or the pool does not dedup): send the page itself. Any
-    /// older page under the key is gone, as after a refused put.
+    /// No such content is held (or the pool does not dedup): send the page itself. The
+    /// key is left as it was: its older page, if any, stays until the page arrives.
     NotHeld,
     /// Refused, as a put of the page would have been.
     NotStored(NotStored),

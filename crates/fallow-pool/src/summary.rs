@@ -117,7 +117,7 @@ mod tests {
         let bytes = page(3);
         assert_eq!(engine.put(PageKey::new(pool, 1, 1), &bytes).unwrap(), PutOutcome::Stored);
         let (hash, crc) = digest(&bytes);
-        // An older page under the key goes, as after a refused put.
+        // Not held changes nothing: an older page under the key stays until the bytes come.
         let key = PageKey::new(pool, 2, 2);
         assert_eq!(engine.put(key, &page(4)).unwrap(), PutOutcome::Stored);
         let got = engine
@@ -128,7 +128,9 @@ mod tests {
             .unwrap();
         assert_eq!(got, [HashPutOutcome::NotHeld; 3]);
         let mut out = vec![0; PAGE_SIZE];
-        assert_eq!(engine.get(key, &mut out).unwrap(), Lookup::Miss);
+        assert!(engine.get(key, &mut out).unwrap().is_hit());
+        assert_eq!(out, page(4));
+        assert_eq!(engine.get(PageKey::new(pool, 2, 3), &mut out).unwrap(), Lookup::Miss);
         assert!(engine.put_many_by_hash(&[key], &[]).is_err());
         engine.validate();
     }

@@ -210,7 +210,9 @@ impl Harness {
                         assert_ne!(self.specs[pool].dedup, DedupScope::Off, "{key:?}");
                         self.model.insert(key, content);
                     }
-                    HashPutOutcome::NotHeld | HashPutOutcome::NotStored(_) => {
+                    // Not held: the key is left as it was.
+                    HashPutOutcome::NotHeld => {}
+                    HashPutOutcome::NotStored(_) => {
                         self.model.remove(&key);
                     }
                 }

@@ -350,3 +350,75 @@ async fn persistent_pages_survive_two_successive_node_kills() {
     }
     assert_eq!(cluster.get_many(&keys).await.unwrap()[0], None, "a refused put left a page");
 }
+
+/// A get of a persistent page while a put of the same key is in flight returns the old
+/// page or the new one, never a miss: the client keeps the old copies in its summary
+/// until the new ones are stored. A writer overwrites 16 keys 300 times while a reader
+/// reads them in a loop; every read must hit, with a version the writer has sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_during_a_put_of_the_same_persistent_key_never_misses() {
+    let dir = TempDir::new("cluster-get-during-put");
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, format!("{SECRET}\n")).unwrap();
+    let addrs: Vec<Addrs> = (0..2)
+        .map(|_| Addrs {
+            listen: format!("127.0.0.1:{}", free_port()),
+            gossip: format!(
+                "127.0.0.1:{}",
+                UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+            ),
+        })
+        .collect();
+    let (a, b) = (&addrs[0], &addrs[1]);
+    let _node_a = start_member(a, &[b], &secret, "32M");
+    let _node_b = start_member(b, &[a], &secret, "32M");
+    wait_for_members(&a.listen, 2).await;
+    let seeds = format!("fallow://{},{}", a.listen, b.listen);
+    let config = ClusterClientConfig::new(&seeds, SECRET)
+        .unwrap()
+        .per_node(|c| c.timeout(Duration::from_secs(5)));
+    let cluster = ClusterClient::connect(config).await.unwrap();
+    let pool = cluster.create_pool(&PoolSpec::persistent()).await.unwrap();
+    let keys: Vec<PageKey> = (0..16).map(|i| PageKey::new(pool, 1, i)).collect();
+    async fn put(cluster: &ClusterClient, keys: &[PageKey], version: u64) {
+        let data: Vec<u8> = (0..16).flat_map(|i| page(i, version)).collect();
+        let outcomes = cluster.put_many(keys, data.into()).await.unwrap();
+        assert!(outcomes.iter().all(|o| *o == PutOutcome::Stored), "{outcomes:?}");
+    }
+    put(&cluster, &keys, 0).await;
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let writer = {
+        let (sent, cluster, keys) = (sent.clone(), cluster.clone(), keys.clone());
+        tokio::spawn(async move {
+            for version in 1..=300 {
+                sent.store(version, std::sync::atomic::Ordering::SeqCst);
+                put(&cluster, &keys, version).await;
+            }
+        })
+    };
+    let (mut reads, mut misses) = (0u64, Vec::new());
+    while !writer.is_finished() {
+        let got = cluster.get_many(&keys).await.unwrap();
+        // Read after the get: every version it returned had been sent by then.
+        let newest = sent.load(std::sync::atomic::Ordering::SeqCst);
+        for (i, data) in got.iter().enumerate() {
+            reads += 1;
+            match data {
+                None => misses.push(i),
+                Some(data) => assert!(
+                    (0..=newest).any(|v| data[..] == page(i as u64, v)[..]),
+                    "page {i} holds no version sent"
+                ),
+            }
+        }
+    }
+    writer.await.unwrap();
+    println!("{reads} reads during 300 puts of the same 16 keys, {} misses", misses.len());
+    assert!(reads > 0);
+    assert!(
+        misses.is_empty(),
+        "{} of {reads} reads missed; the first pages that did: {:?}",
+        misses.len(),
+        &misses[..misses.len().min(16)]
+    );
+}

@@ -5,7 +5,7 @@
 //! |---|---|---|---|
 //! | private ephemeral | to the key's rendezvous owner; the summary records it, and the key's older copy on another node is invalidated | to the node the summary names; not in the summary: a miss, no request | to the node the summary names |
 //! | shared ephemeral | to the owner, and invalidated on every other node (other clients may hold an older placement) | to the owner | on every node |
-//! | private persistent | to the key's two best nodes; `Stored` only if both stored it (else the copy that landed is removed); the summary records both | the first copy that answers (the other if it fails or misses); a take removes both | both copies |
+//! | private persistent | to the key's two best nodes; `Stored` only if both stored it (else the copy that landed is removed); the summary records both when it ends, and names the older copies until then | the first copy that answers (the other if it fails or misses); a take removes both | both copies |
 //! | shared persistent (one node) | to its node | to its node | to its node |
 //!
 //! For an ephemeral pool a node that fails or cannot be reached is no error: its keys
@@ -32,7 +32,7 @@ use fallow_core::{
 use super::client::ClusterClient;
 use super::dedup::{prefer_holders, Digest};
 use super::placement::{key_hash, owner, top_two, Candidate};
-use super::summary::{Slot, Summary};
+use super::summary::{PutEnd, Slot, Summary};
 use super::view::{Kind, LogicalPool, NodeLink, View};
 use super::ClusterError;
 use tokio::sync::RwLockReadGuard;
@@ -160,7 +160,7 @@ impl<'a> Router<'a> {
     /// | kind | put | get / take | invalidate |
     /// |---|---|---|---|
     /// | persistent | its node | its node | its node |
-    /// | replicated | its two best nodes; older copies elsewhere dropped | a holder (the other, should it fail) | both holders |
+    /// | replicated | its two best nodes; older copies elsewhere dropped once it ends | a holder (the other, should it fail) | both holders |
     /// | private | its owner, or a node with its content; an older copy dropped | the node the summary names (none: a miss, no request) | that node |
     /// | shared | its owner; every other holder dropped | its owner | every holder |
     fn route(
@@ -172,8 +172,14 @@ impl<'a> Router<'a> {
         let view = self.view;
         let pool = self.pool(key.pool)?;
         let kind = pool.kind();
-        let mut out =
-            KeyRoute { kind, send: Vec::new(), drop: Vec::new(), other: None, holders: None };
+        let mut out = KeyRoute {
+            kind,
+            send: Vec::new(),
+            drop: Vec::new(),
+            other: None,
+            holders: None,
+            ticket: 0,
+        };
         match (kind, op) {
             (Kind::Persistent, _) => out.send.push(self.home(key.pool, pool)?),
             (Kind::Replicated, RouteOp::Put(digest)) => {
@@ -184,9 +190,18 @@ impl<'a> Router<'a> {
                     _ => None,
                 };
                 // The older copies go, unless the new ones overwrite them: a put that is
-                // refused leaves no older page behind.
-                let old = summary.remove_copies(key).unwrap_or_default();
-                for slot in old.into_iter().filter(|&s| s != 0) {
+                // refused leaves no older page behind. They stay in the summary until the
+                // put ends (a get meanwhile reads the older page), and those on other
+                // nodes are removed then (`put_many`); without two nodes to go to, the
+                // put is refused now.
+                let old = match targets {
+                    Some(_) => {
+                        out.ticket = summary.put_begins(key);
+                        summary.copies(key)
+                    }
+                    None => summary.remove_copies(key),
+                };
+                for slot in old.unwrap_or_default().into_iter().filter(|&s| s != 0) {
                     if !targets.as_ref().is_some_and(|(t, _)| t.contains(&slot)) {
                         out.drop.extend(view.route(pool, slot));
                     }
@@ -204,6 +219,7 @@ impl<'a> Router<'a> {
                 // Not in the summary: this client never put it (or it was refused, taken
                 // or invalidated): a miss, no request.
                 let Some(holders) = holders else { return Ok(out) };
+                out.holders = Some(holders);
                 let mut routes =
                     holders.into_iter().filter(|&s| s != 0).filter_map(|s| view.route(pool, s));
                 out.send.push(routes.next().ok_or(ClusterError::CopiesLost(*key))?);
@@ -269,8 +285,10 @@ struct KeyRoute {
     drop: Vec<Route>,
     /// A read's other copy, if the first fails (replicated pools).
     other: Option<Route>,
-    /// A replicated put's two holders.
+    /// A replicated put's two holders, or those the summary named to a replicated read.
     holders: Option<[Slot; 2]>,
+    /// A replicated put's ticket ([`Summary::put_begins`]), with its holders.
+    ticket: u64,
 }
 
 impl ClusterClient {
@@ -308,7 +326,9 @@ impl ClusterClient {
         let inner = &*self.inner;
         let _fence = self.fence(keys.iter().map(|k| k.pool)).await;
         let digests = inner.digests(keys, &pages);
-        let (mut puts, mut drops) = (Parts::default(), Parts::default());
+        // `late`: older copies of persistent pages, removed once the put has ended.
+        let (mut puts, mut drops, mut late) =
+            (Parts::default(), Parts::default(), Parts::default());
         // Persistent keys of private pools: position → their two holders and what each
         // answered.
         let mut replicas: HashMap<usize, Replica> = HashMap::new();
@@ -318,11 +338,21 @@ impl ClusterClient {
             let mut router = Router::new(&view);
             for (i, key) in keys.iter().enumerate() {
                 let digest = digests.get(i).copied().flatten();
-                let route = router.route(&mut summary, key, RouteOp::Put(digest))?;
+                let route = match router.route(&mut summary, key, RouteOp::Put(digest)) {
+                    Ok(route) => route,
+                    Err(err) => {
+                        for (at, replica) in &replicas {
+                            summary.put_ends(&keys[*at], replica.ticket, PutEnd::Abandoned);
+                        }
+                        return Err(err);
+                    }
+                };
                 route.send.iter().for_each(|to| puts.add(to, route.kind, i, key));
-                route.drop.iter().for_each(|to| drops.add(to, route.kind, i, key));
+                let dropped = if route.holders.is_some() { &mut late } else { &mut drops };
+                route.drop.iter().for_each(|to| dropped.add(to, route.kind, i, key));
                 if let Some(holders) = route.holders {
-                    replicas.insert(i, Replica { holders, ..Replica::default() });
+                    let ticket = route.ticket;
+                    replicas.insert(i, Replica { holders, ticket, ..Replica::default() });
                 }
             }
         }
@@ -377,36 +407,39 @@ impl ClusterClient {
         }
         // A persistent page is stored when both copies are; otherwise the copy that
         // landed is removed and the put reports the refusal (`NotStored(Full)` for a
-        // node that failed).
-        let mut undo = Parts::default();
-        let mut copies = Vec::new();
+        // node that failed). The summary learns the outcome first, then the copies that
+        // no longer count are removed: the landed copy of a refused put, and older copies
+        // on nodes the put did not go to.
+        let mut ends = Vec::new();
         for (at, replica) in replicas {
             if replica.stored.len() == 2 {
                 outcomes[at] = PutOutcome::Stored;
-                copies.push((keys[at], replica.holders));
+                ends.push((keys[at], replica.ticket, PutEnd::Stored(replica.holders)));
                 continue;
             }
             outcomes[at] = replica.refused.unwrap_or(PutOutcome::NotStored(NotStored::Full));
+            ends.push((keys[at], replica.ticket, PutEnd::Refused));
             for (link, key) in replica.stored {
-                undo.add(&(link, key.pool), Kind::Replicated, at, &keys[at]);
+                late.add(&(link, key.pool), Kind::Replicated, at, &keys[at]);
             }
         }
-        if !undo.0.is_empty() {
-            let requests = undo.0.iter().map(|p| p.link.client.invalidate_pages(&p.keys));
-            for (part, result) in undo.0.iter().zip(futures::future::join_all(requests).await) {
+        {
+            let mut summary = inner.summary.lock();
+            for (key, slot) in stored {
+                summary.insert(&key, slot);
+            }
+            for (key, ticket, end) in ends {
+                summary.put_ends(&key, ticket, end);
+            }
+        }
+        if !late.0.is_empty() {
+            let requests = late.0.iter().map(|p| p.link.client.invalidate_pages(&p.keys));
+            for (part, result) in late.0.iter().zip(futures::future::join_all(requests).await) {
                 if let Err(err) = result {
                     inner.absorb(&part.link, &err);
                 }
             }
         }
-        let mut summary = inner.summary.lock();
-        for (key, slot) in stored {
-            summary.insert(&key, slot);
-        }
-        for (key, holders) in copies {
-            summary.insert_copies(&key, holders);
-        }
-        drop(summary);
         match error {
             Some(err) => Err(err.into()),
             None => Ok(outcomes),
@@ -432,8 +465,41 @@ impl ClusterClient {
         keys: &[PageKey],
         read: Read,
     ) -> Result<Vec<Option<Bytes>>, ClusterError> {
+        let (mut out, routed) = self.read_round(keys, read).await?;
+        if read == Read::Get {
+            // A persistent page that both its copies missed, while a put of it that ended
+            // meanwhile moved it to other nodes (and removed the copies read): read once
+            // more, from the copies the summary names now.
+            let moved: Vec<usize> = {
+                let summary = self.inner.summary.lock();
+                routed
+                    .into_iter()
+                    .filter(|(at, _)| out[*at].is_none())
+                    .filter(|(at, read)| summary.copies(&keys[*at]).is_some_and(|now| now != *read))
+                    .map(|(at, _)| at)
+                    .collect()
+            };
+            if !moved.is_empty() {
+                let again: Vec<PageKey> = moved.iter().map(|&at| keys[at]).collect();
+                let (pages, _) = self.read_round(&again, read).await?;
+                for (at, page) in moved.into_iter().zip(pages) {
+                    out[at] = page;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// One read of `keys`: the pages, and for each persistent page of a private pool
+    /// (position) the copies the summary named.
+    async fn read_round(
+        &self,
+        keys: &[PageKey],
+        read: Read,
+    ) -> Result<(Vec<Option<Bytes>>, Vec<(usize, [Slot; 2])>), ClusterError> {
         let inner = &*self.inner;
         let mut parts = Parts::default();
+        let mut routed = Vec::new();
         // Persistent pages of private pools: position → the other copy, if usable.
         let mut other: HashMap<usize, Route> = HashMap::new();
         {
@@ -448,6 +514,9 @@ impl ClusterClient {
                 let route = router.route(&mut summary, key, op)?;
                 if let Some(first) = route.send.first() {
                     parts.add(first, route.kind, i, key);
+                }
+                if let Some(holders) = route.holders {
+                    routed.push((i, holders));
                 }
                 if let Some(second) = route.other {
                     other.insert(i, second);
@@ -533,7 +602,7 @@ impl ClusterClient {
                 summary.remove_if(&key, slot);
             }
         }
-        Ok(out)
+        Ok((out, routed))
     }
 
     /// Removes pages, if present (both copies of a persistent page).
@@ -623,6 +692,8 @@ impl ClusterClient {
 #[derive(Default)]
 struct Replica {
     holders: [Slot; 2],
+    /// Its ticket ([`Summary::put_begins`]).
+    ticket: u64,
     stored: Vec<(Arc<NodeLink>, PageKey)>,
     refused: Option<PutOutcome>,
 }

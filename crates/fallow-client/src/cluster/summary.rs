@@ -252,7 +252,8 @@ impl<const TWO: bool> Pages<TWO> {
     }
 }
 
-/// A fast hasher for `(pool, object)`: the keys are the caller's own, not a peer's.
+/// A fast hasher for `(pool, object)` and page keys: the keys are the caller's own, not
+/// a peer's.
 #[derive(Default)]
 struct ObjectHasher(u64);
 
@@ -287,6 +288,28 @@ pub(crate) struct Summary {
     /// Persistent pages: both holders of each.
     copies: ObjectMap<true>,
     slots: Slots,
+    /// Persistent pages with a put in flight ([`Summary::put_begins`]); empty when none.
+    puts: HashMap<PageKey, PutsInFlight, BuildHasherDefault<ObjectHasher>>,
+}
+
+/// The puts of one persistent page in flight.
+#[derive(Debug, Default)]
+struct PutsInFlight {
+    /// How many.
+    count: u32,
+    /// How many of the key's puts ended stored since the first of these began.
+    stored: u64,
+}
+
+/// How a put of a persistent page ended ([`Summary::put_ends`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PutEnd {
+    /// Stored on both holders.
+    Stored([Slot; 2]),
+    /// Refused, or failed, on a holder.
+    Refused,
+    /// Never sent.
+    Abandoned,
 }
 
 /// How big the summary is.
@@ -441,6 +464,41 @@ impl Summary {
             self.slots.counts[slot as usize] += 1;
         }
         Self::count_out(&mut self.slots, old.into_iter().flat_map(unpack).filter(|&s| s != 0));
+    }
+
+    /// A put of persistent page `key` begins; returns its ticket for
+    /// [`Summary::put_ends`]. Its older copies stay recorded until it ends, so that a get
+    /// meanwhile reads the older page rather than missing.
+    pub(crate) fn put_begins(&mut self, key: &PageKey) -> u64 {
+        let puts = self.puts.entry(*key).or_default();
+        puts.count += 1;
+        puts.stored
+    }
+
+    /// The put of `key` with `ticket` ended: stored on `holders`, or refused (`None`:
+    /// a refused put leaves no older page, so the page is forgotten, unless another put
+    /// of the key ended stored after this one began, whose copies are then the page), or
+    /// abandoned before anything was sent (`Abandoned`).
+    pub(crate) fn put_ends(&mut self, key: &PageKey, ticket: u64, end: PutEnd) {
+        let Some(puts) = self.puts.get_mut(key) else {
+            debug_assert!(false, "a put ended that did not begin");
+            return;
+        };
+        let stored_meanwhile = puts.stored > ticket;
+        if matches!(end, PutEnd::Stored(_)) {
+            puts.stored += 1;
+        }
+        puts.count -= 1;
+        if puts.count == 0 {
+            self.puts.remove(key);
+        }
+        match end {
+            PutEnd::Stored(holders) => self.insert_copies(key, holders),
+            PutEnd::Refused if !stored_meanwhile => {
+                self.remove_copies(key);
+            }
+            PutEnd::Refused | PutEnd::Abandoned => {}
+        }
     }
 
     /// Forgets persistent page `key`; returns its holders (retired ones as 0).
@@ -694,6 +752,45 @@ mod tests {
         assert_eq!(summary.allocate_slot(), Some(all[7]));
         assert_eq!(summary.stats().pages, 0);
         assert_eq!(summary.allocate_slot(), None);
+        summary.validate();
+    }
+
+    #[test]
+    fn a_put_in_flight_keeps_the_older_copies_and_a_refusal_forgets_only_what_it_replaced() {
+        let mut summary = Summary::default();
+        let (a, b, c) = (
+            summary.allocate_slot().unwrap(),
+            summary.allocate_slot().unwrap(),
+            summary.allocate_slot().unwrap(),
+        );
+        let k = key(1, 7);
+        summary.insert_copies(&k, [a, b]);
+        // Stored: the older copies are read until the new ones replace them.
+        let ticket = summary.put_begins(&k);
+        assert_eq!(summary.copies(&k), Some([a, b]));
+        summary.put_ends(&k, ticket, PutEnd::Stored([b, c]));
+        assert_eq!(summary.copies(&k), Some([b, c]));
+        // Refused alone: the page is forgotten (a refused put leaves no older page).
+        let ticket = summary.put_begins(&k);
+        summary.put_ends(&k, ticket, PutEnd::Refused);
+        assert_eq!(summary.copies(&k), None);
+        // Two at once, the later one stored first: the earlier one's refusal keeps it.
+        summary.insert_copies(&k, [a, b]);
+        let first = summary.put_begins(&k);
+        let second = summary.put_begins(&k);
+        summary.put_ends(&k, second, PutEnd::Stored([a, c]));
+        summary.put_ends(&k, first, PutEnd::Refused);
+        assert_eq!(summary.copies(&k), Some([a, c]));
+        // A put that began after that store and is refused forgets the page again.
+        let third = summary.put_begins(&k);
+        summary.put_ends(&k, third, PutEnd::Refused);
+        assert_eq!(summary.copies(&k), None);
+        // Abandoned: nothing changes; and no bookkeeping is left behind.
+        summary.insert_copies(&k, [a, b]);
+        let ticket = summary.put_begins(&k);
+        summary.put_ends(&k, ticket, PutEnd::Abandoned);
+        assert_eq!(summary.copies(&k), Some([a, b]));
+        assert!(summary.puts.is_empty());
         summary.validate();
     }
 

@@ -343,9 +343,15 @@ mod tests {
                         let hash = content::content_hash(&bytes, spec.dedup).unwrap();
                         let by_hash = (hash, content::checksum(&bytes));
                         match engine.put_many_by_hash(&[key], &[by_hash]).unwrap()[0] {
-                            fallow_core::HashPutOutcome::Stored => model.insert(key, bytes),
-                            _ => model.remove(&key),
-                        };
+                            fallow_core::HashPutOutcome::Stored => {
+                                model.insert(key, bytes);
+                            }
+                            // Not held: the key is left as it was.
+                            fallow_core::HashPutOutcome::NotHeld => {}
+                            fallow_core::HashPutOutcome::NotStored(_) => {
+                                model.remove(&key);
+                            }
+                        }
                     }
                     6 => {
                         let hit = engine.take(key, &mut out).unwrap() == Lookup::Hit;

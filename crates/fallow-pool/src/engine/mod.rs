@@ -271,7 +271,8 @@ impl Engine {
     /// knows this engine holds a page's content sends its hash): `contents[i]` is the
     /// [`fallow_core::content::content_hash`] and [`fallow_core::content::checksum`] of
     /// the page meant for `keys[i]`. A key whose content is not held, or whose pool does
-    /// not dedup, is answered [`HashPutOutcome::NotHeld`] and holds no page afterwards.
+    /// not dedup, is answered [`HashPutOutcome::NotHeld`] and left as it was (its older
+    /// page stays until the caller puts the bytes).
     pub fn put_many_by_hash(
         &self,
         keys: &[PageKey],

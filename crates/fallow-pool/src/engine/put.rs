@@ -225,6 +225,8 @@ impl Inner {
                     let (key, hash, mask) = (job.key, job.hash, job.pool.mask);
                     self.journal_stored(shard, key, hash, page, crc, mask, replaced)
                 }
+                // Not held: nothing changed.
+                Ok(Err(PutFail::NotHeld)) => {}
                 Ok(Err(_)) => self.journal(shard, Record::Gone(job.key), -i64::from(replaced)),
                 // The pool is gone: its `PoolGone` records say so.
                 Err(_) => {}
@@ -260,6 +262,12 @@ impl Inner {
             }
             (Source::Held(_), DedupScope::Off) => Err(PutFail::NotHeld),
         };
+        // A put by hash of a content not held changes nothing: the caller sends the page
+        // next, and until then the key's older page stays (a get meanwhile reads it).
+        let held = match held {
+            Ok(held) => held,
+            Err(fail) => return Ok(Err(fail)),
+        };
         // The old page goes, whatever happens next: a refused put must not leave an older
         // page visible.
         if let Some((id, _)) = shard.lookup(&key, hash) {
@@ -267,10 +275,6 @@ impl Inner {
             self.release(&mut store, &old, Some(&pool.counters));
             *replaced = true;
         }
-        let held = match held {
-            Ok(held) => held,
-            Err(fail) => return Ok(Err(fail)),
-        };
         let refusal = self.make_room(shard, &mut store, pool, persistent);
         if let Some(why) = refusal {
             if let Some(id) = held {
