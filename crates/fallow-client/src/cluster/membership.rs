@@ -139,14 +139,20 @@ impl Inner {
     /// its slot ([`Inner::rejoin`]); with another id it is a new node, retired here and
     /// adopted afresh.
     pub(crate) async fn reconcile(&self, members: Vec<Member>) -> Option<ClientError> {
-        let (retire, restarted) = {
+        let (mut retire, mut restarted, listed_dead) = {
             let view = self.view.read();
             let mut retire = Vec::new();
             let mut restarted = Vec::new();
+            let mut listed_dead = Vec::new();
             for entry in &view.nodes {
                 match members.iter().find(|m| m.id == entry.link.id) {
                     // Older news of it (the answering node has not heard of the restart).
                     Some(m) if m.generation < entry.generation => {}
+                    // Dead in the list, but this client still reaches it: it may be back
+                    // already under a newer generation that the list does not know yet.
+                    Some(m) if m.state == MemberState::Dead && !entry.link.is_down() => {
+                        listed_dead.push(entry.link.clone())
+                    }
                     Some(m) if m.state == MemberState::Dead => retire.push(entry.link.slot),
                     Some(m) if m.generation > entry.generation => {
                         restarted.push((entry.link.clone(), m.clone()))
@@ -157,8 +163,20 @@ impl Inner {
                     None => {}
                 }
             }
-            (retire, restarted)
+            (retire, restarted, listed_dead)
         };
+        // Its own view of itself decides: a newer generation is a restart (checked below
+        // like any other), the same one a node the cluster lost (a partition): retired.
+        let own = listed_dead.iter().map(|link| self.own_entry(link));
+        for (link, own) in listed_dead.iter().zip(futures::future::join_all(own).await) {
+            let known = self.view.read().node(link.slot).map(|n| n.generation);
+            match own {
+                Some(me) if known.is_some_and(|g| me.generation > g) => {
+                    restarted.push((link.clone(), me))
+                }
+                _ => retire.push(link.slot),
+            }
+        }
         let checks = restarted.iter().map(|(link, _)| self.rejoin(link));
         let mut new_runs = Vec::new();
         for ((link, member), rejoined) in
@@ -320,6 +338,13 @@ impl Inner {
         let restarted: Vec<Slot> =
             futures::future::join_all(probes).await.into_iter().flatten().collect();
         self.retire(&restarted, "restarted as a new node");
+    }
+
+    /// A node's entry for itself in its own MEMBERS answer, if it gives one.
+    async fn own_entry(&self, link: &NodeLink) -> Option<Member> {
+        let answer = link.client.members().await;
+        let members = self.members_from(answer).ok()?;
+        members.into_iter().find(|m| m.id == link.id && m.state != MemberState::Dead)
     }
 
     /// Whether a node gossip lists under a newer generation is still the node this client
