@@ -45,7 +45,9 @@ impl DirtySet {
         self.pages.lock().map.get(&page).map(|e| e.data.clone())
     }
 
+    /// Makes `page` dirty with `data` (a copy of it: [`crate::local::own`]).
     pub(crate) fn insert(&self, page: u64, data: Bytes) {
+        let data = crate::local::own(&data);
         let mut pages = self.pages.lock();
         pages.next_version += 1;
         let version = pages.next_version;
