@@ -31,6 +31,19 @@ struct Addrs {
     gossip: String,
 }
 
+/// Addresses for `n` nodes on 127.0.0.1, ports assigned by the OS.
+fn local_addrs(n: usize) -> Vec<Addrs> {
+    (0..n)
+        .map(|_| Addrs {
+            listen: format!("127.0.0.1:{}", free_port()),
+            gossip: format!(
+                "127.0.0.1:{}",
+                UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+            ),
+        })
+        .collect()
+}
+
 fn start_member(addrs: &Addrs, peers: &[&Addrs], secret: &Path, lend: &str) -> Daemon {
     let join: Vec<&str> = peers.iter().map(|p| p.gossip.as_str()).collect();
     let join = join.join(",");
@@ -96,15 +109,7 @@ async fn a_sigkilled_node_costs_misses_never_wrong_data_or_errors() {
     let dir = TempDir::new("cluster-client");
     let secret = dir.path().join("secret");
     std::fs::write(&secret, format!("{SECRET}\n")).unwrap();
-    let addrs: Vec<Addrs> = (0..3)
-        .map(|_| Addrs {
-            listen: format!("127.0.0.1:{}", free_port()),
-            gossip: format!(
-                "127.0.0.1:{}",
-                UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-            ),
-        })
-        .collect();
+    let addrs = local_addrs(3);
     let (a, b, c) = (&addrs[0], &addrs[1], &addrs[2]);
     let _node_a = start_member(a, &[b, c], &secret, "32M");
     let mut node_b = start_member(b, &[a, c], &secret, "32M");
@@ -268,15 +273,7 @@ async fn persistent_pages_survive_two_successive_node_kills() {
     let dir = TempDir::new("cluster-persistent");
     let secret = dir.path().join("secret");
     std::fs::write(&secret, format!("{SECRET}\n")).unwrap();
-    let addrs: Vec<Addrs> = (0..3)
-        .map(|_| Addrs {
-            listen: format!("127.0.0.1:{}", free_port()),
-            gossip: format!(
-                "127.0.0.1:{}",
-                UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-            ),
-        })
-        .collect();
+    let addrs = local_addrs(3);
     let (a, b, c) = (&addrs[0], &addrs[1], &addrs[2]);
     // FALLOW_PERSISTENT_PAGES=N measures a larger repair (BENCHMARKS.md); each node
     // lends room for every page, which the last two hold after the repair.
@@ -360,15 +357,7 @@ async fn a_get_during_a_put_of_the_same_persistent_key_never_misses() {
     let dir = TempDir::new("cluster-get-during-put");
     let secret = dir.path().join("secret");
     std::fs::write(&secret, format!("{SECRET}\n")).unwrap();
-    let addrs: Vec<Addrs> = (0..2)
-        .map(|_| Addrs {
-            listen: format!("127.0.0.1:{}", free_port()),
-            gossip: format!(
-                "127.0.0.1:{}",
-                UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-            ),
-        })
-        .collect();
+    let addrs = local_addrs(2);
     let (a, b) = (&addrs[0], &addrs[1]);
     let _node_a = start_member(a, &[b], &secret, "32M");
     let _node_b = start_member(b, &[a], &secret, "32M");
