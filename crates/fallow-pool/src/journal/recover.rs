@@ -4,13 +4,18 @@
 //!
 //! ```text
 //!  STATE/journal/          the running node's journals (one file per shard)
-//!  STATE/journal.replay/   the same files, renamed at the start that recovers them,
-//!                          removed once their pages are back in the engine
+//!  STATE/journal.replay/   the same files, renamed at the start that recovers them
+//!  STATE/journal.done/     journal.replay renamed once its pages are back in the engine
+//!                          (and journaled anew), then removed
 //! ```
 //!
 //! A start that finds `journal.replay` was itself interrupted while recovering: nothing
 //! was acknowledged since (the node serves only after [`Recovered::finish`]), so the
-//! half-written `journal` beside it is dropped and the replay starts over.
+//! half-written `journal` beside it is dropped and the replay starts over. The rename to
+//! `journal.done` is what makes the end of a recovery one step: a crash while its files
+//! are being removed leaves `journal.done` (removed at the next start) and the complete
+//! new `journal`, never a half-removed `journal.replay` that would be taken for the
+//! journals to replay.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -72,12 +77,34 @@ fn replay_dir(state: &Path) -> PathBuf {
     state.join("journal.replay")
 }
 
+/// Where replayed journals go to be removed: removing files one by one is not atomic, and
+/// a start must never mistake a half-removed `journal.replay` for the journals to replay
+/// (it would drop the complete new journal for it).
+fn done_dir(state: &Path) -> PathBuf {
+    state.join("journal.done")
+}
+
+/// Removes `replay` as one step: renamed to [`done_dir`], then deleted.
+fn remove_replayed(replay: &Path) -> io::Result<()> {
+    let done = replay.with_file_name("journal.done");
+    if done.exists() {
+        std::fs::remove_dir_all(&done)?;
+    }
+    std::fs::rename(replay, &done)?;
+    std::fs::remove_dir_all(&done)
+}
+
 /// Sets the journals of the last run in `state` aside and reads them; `None` when there
 /// are none. The engine can start journaling into [`journal_dir`] as soon as this
 /// returns. Records are checked one by one; a file is read up to its first record that
 /// does not decode.
 pub fn recover(state: &Path) -> io::Result<Option<Recovered>> {
     let (live, replay) = (journal_dir(state), replay_dir(state));
+    // Journals replayed before, whose removal a crash cut short.
+    let done = done_dir(state);
+    if done.exists() {
+        std::fs::remove_dir_all(&done)?;
+    }
     if replay.exists() {
         if live.exists() {
             std::fs::remove_dir_all(&live)?;
@@ -219,7 +246,7 @@ impl Recovered {
     /// these files again and drop what was journaled since.
     pub fn finish(self) -> io::Result<()> {
         drop(self.maps);
-        std::fs::remove_dir_all(&self.dir)
+        remove_replayed(&self.dir)
     }
 
     /// Removes the journals read without putting their pages back: a start that restored
@@ -323,6 +350,39 @@ mod tests {
         assert_eq!(seen[1].1, 9u64.to_le_bytes().repeat(PAGE_SIZE / 8));
         again.finish().unwrap();
         assert!(!replay_dir(&state).exists());
+        std::fs::remove_dir_all(&state).unwrap();
+    }
+
+    /// A crash while the replayed journals were being removed must not lose what the new
+    /// journal holds: the replayed ones are renamed out of the way before any file goes.
+    #[test]
+    fn a_crash_while_removing_the_replayed_journals_keeps_the_new_journal() {
+        let state =
+            std::env::temp_dir().join(format!("fallow-recover-done-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&state);
+        std::fs::create_dir_all(journal_dir(&state)).unwrap();
+        let old = file_of(&[Record::Fill(key(1, 0), 1), Record::Fill(key(1, 1), 1)]);
+        std::fs::write(journal_dir(&state).join("shard-0000"), &old).unwrap();
+        std::fs::write(journal_dir(&state).join("shard-0001"), &old).unwrap();
+        let first = recover(&state).unwrap().unwrap();
+        // The recovered pages are journaled anew, with a later change of one of them.
+        std::fs::create_dir_all(journal_dir(&state)).unwrap();
+        let new = file_of(&[Record::Fill(key(1, 0), 1), Record::Fill(key(1, 1), 2)]);
+        std::fs::write(journal_dir(&state).join("shard-0000"), &new).unwrap();
+        // The removal is cut short after its rename and one file.
+        drop(first);
+        std::fs::rename(replay_dir(&state), done_dir(&state)).unwrap();
+        std::fs::remove_file(done_dir(&state).join("shard-0000")).unwrap();
+        let next = recover(&state).unwrap().unwrap();
+        assert!(!done_dir(&state).exists(), "the half-removed journals are gone");
+        let mut seen = Vec::new();
+        next.for_each_batch(8, |keys, pages| {
+            for (i, key) in keys.iter().enumerate() {
+                seen.push((*key, pages[i * PAGE_SIZE]));
+            }
+        });
+        assert_eq!(seen, [(key(1, 0), 1), (key(1, 1), 2)], "the new journal, whole");
+        next.finish().unwrap();
         std::fs::remove_dir_all(&state).unwrap();
     }
 }
