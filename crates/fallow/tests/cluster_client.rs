@@ -20,7 +20,7 @@ use fallow_client::{
     Client, ClientConfig, ClusterClient, ClusterClientConfig, MemberState, NodeState,
 };
 use fallow_core::{PageKey, PoolSpec, PutOutcome, PAGE_SIZE};
-use support::{free_port, start_node, Daemon, TempDir};
+use support::{free_port, start_node, Daemon, Rng, TempDir};
 
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 const SECRET: &str = "cluster-client-test-secret-0123456789";
@@ -80,18 +80,6 @@ async fn wait_for_members(node: &str, alive: usize) {
 /// Page `index` as written the `version`-th time.
 fn page(index: u64, version: u64) -> Vec<u8> {
     fallow_testkit::pages::unique_page(index << 20 | version)
-}
-
-/// A small xorshift generator: the test needs no quality, only repeatability.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
 }
 
 /// The p50, p99 and max of `samples`, in microseconds.

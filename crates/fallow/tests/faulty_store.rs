@@ -35,7 +35,7 @@ use support::faulty::{
     have_tools, image_page, make_image, Client, Content, Fallow, Op, Outcome, Switch, Upstream,
     PAGE,
 };
-use support::{poll_until, TempDir};
+use support::{poll_until, Rng, TempDir};
 
 /// Pages in the test image (16 MiB).
 const PAGES: u64 = 4096;
@@ -575,18 +575,6 @@ fn shutdown_errors_are_retried_once() {
         rig.client.close();
     }
     println!("ESHUTDOWN: {}", report.join("; "));
-}
-
-/// A small xorshift generator: the same workload on every run.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
 }
 
 /// Stalls the store through nbdkit's pause filter (control socket `control`): every

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use support::netns::Lab;
-use support::{free_port, Daemon, TempDir};
+use support::{free_port, Daemon, Rng, TempDir};
 
 const START: Duration = Duration::from_secs(30);
 const SECRET: &str = "netns-history-test-secret-0123456789";
@@ -378,18 +378,6 @@ fn read_stamp(key: u64, page: &[u8]) -> Result<u64, String> {
 
 // ---- the helper: workers recording a history ---------------------------------------
 
-/// A small xorshift generator: each worker its own, seeded by its id.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
 /// One worker: operations on random keys until `stop`, each appended to `history`.
 async fn worker(
     id: u64,
@@ -406,9 +394,9 @@ async fn worker(
     let bound = Duration::from_secs(20);
     let mut seq = 0u64;
     while !stop.load(Ordering::SeqCst) {
-        let key = rng.next() % KEYS;
+        let key = rng.below(KEYS);
         let page_key = PageKey::new(pool, 7, key);
-        let roll = rng.next() % 100;
+        let roll = rng.below(100);
         let kind = match roll {
             0..=44 => Kind::Put,
             45..=89 => Kind::Get,
@@ -452,7 +440,7 @@ async fn worker(
         history.lock().unwrap().push(op);
         // A little think time, so that the history stays a few thousand operations a
         // minute per worker and the checker's scans short.
-        tokio::time::sleep(Duration::from_micros(rng.next() % 4000)).await;
+        tokio::time::sleep(Duration::from_micros(rng.below(4000))).await;
     }
 }
 

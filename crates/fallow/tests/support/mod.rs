@@ -142,3 +142,22 @@ pub fn metric<T: std::str::FromStr>(text: &str, name: &str, labels: &str) -> Opt
         .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(labels))
         .find_map(|l| l.rsplit(' ').next()?.parse().ok())
 }
+
+/// A small xorshift generator for tests' random choices: no quality needed, only
+/// repeatability from a seed (which must not be 0).
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// A number below `n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+
+    /// A delay of up to `ms` milliseconds.
+    pub fn up_to_ms(&mut self, ms: u64) -> std::time::Duration {
+        std::time::Duration::from_millis(self.below(ms + 1))
+    }
+}
