@@ -192,11 +192,13 @@ async fn no_read_after_an_acknowledged_write_sees_older_data() {
         for t in tasks {
             t.await.unwrap();
         }
+        // Under write-back the readers may all finish while every page is still dirty
+        // (the flusher ticks every 10 ms): the dirty set is the cache they used then.
         let stats = cache.stats();
-        assert!(
-            stats.local_hits.load(Ordering::Relaxed) + stats.pool_hits.load(Ordering::Relaxed) > 0,
-            "the caches were used"
-        );
+        let cached = stats.local_hits.load(Ordering::Relaxed)
+            + stats.pool_hits.load(Ordering::Relaxed)
+            + stats.dirty_hits.load(Ordering::Relaxed);
+        assert!(cached > 0, "{mode:?} {write:?}: no read was served by a cache: {stats:?}");
     }
 }
 
