@@ -159,6 +159,10 @@ def pages_loop(args, cluster, stop, tally, lock):
                 t["requests"] += r["requests"]
                 t["wrong"] += r["wrong"]
                 t["errors"] += r["errors"]
+                if r["errors"]:
+                    t["first_failure"] = t.get("first_failure") or r.get("first_error")
+                    log(f"bench pages, run {t['runs']}: {r['errors']} errors, the first: "
+                        f"{r.get('first_error')}")
             except (ValueError, KeyError):
                 t["failed_runs"] += 1
                 t["first_failure"] = t.get("first_failure") or out.stderr[-1500:]

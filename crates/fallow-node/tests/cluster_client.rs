@@ -490,3 +490,56 @@ async fn a_copy_refused_by_one_node_leaves_no_half_kept_page() {
     assert_eq!(on_nodes, 2 * stored);
     assert_eq!(cluster.replication().pages, stored);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_puts_of_one_persistent_key_leave_two_copies_or_none() {
+    // Four tasks put overlapping batches of the same 150 keys at once, a fifth invalidates
+    // some, and the nodes' quotas refuse some copies. A refused put removes the copy that landed; that must
+    // never be the copy of another put of the key that was stored.
+    let nodes = three_nodes().await;
+    let cluster = Arc::new(connect(&[nodes[0].addr], Duration::from_secs(5)).await);
+    let pool = cluster.create_pool(&PoolSpec::persistent().quota_pages(90)).await.unwrap();
+    let all = keys(pool, 1, 150);
+    let mut tasks = Vec::new();
+    for task in 0..4u64 {
+        let (cluster, all) = (cluster.clone(), all.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut refused = 0;
+            for round in 0..60u64 {
+                let at = ((task * 37 + round * 53) % 140) as usize;
+                let data = pages(task * 1000 + round, 10);
+                let outcomes = cluster.put_many(&all[at..at + 10], data).await.unwrap();
+                refused += outcomes.iter().filter(|o| **o != PutOutcome::Stored).count();
+            }
+            refused
+        }));
+    }
+    // A fifth task invalidates keys, so that puts of new keys race for the room freed.
+    let invalidator = {
+        let (cluster, all) = (cluster.clone(), all.clone());
+        tokio::spawn(async move {
+            for round in 0..120usize {
+                let at = (round * 29) % 145;
+                cluster.invalidate_pages(&all[at..at + 5]).await.unwrap();
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    let mut refused = 0;
+    for task in tasks {
+        refused += task.await.unwrap();
+    }
+    invalidator.await.unwrap();
+    assert!(refused > 0, "the quotas refused no copy");
+    // Every page the client holds has its two copies on the nodes, and nothing else is.
+    let mut on_nodes = 0;
+    for node in &nodes {
+        let stats = Client::connect(node.config()).await.unwrap().stats().await.unwrap();
+        on_nodes += stats.get("pages").unwrap();
+    }
+    let held = cluster.replication().pages;
+    assert!(held > 0, "no page was stored");
+    assert_eq!(on_nodes, 2 * held, "{held} pages held; {on_nodes} copies on the nodes");
+    let hits = cluster.get_many(&all).await.unwrap().iter().filter(|p| p.is_some()).count();
+    assert_eq!(hits as u64, held);
+}

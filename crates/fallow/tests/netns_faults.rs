@@ -16,7 +16,9 @@
 //! --json`, run inside the client namespace) must see b dead during the fault and every
 //! node alive once it healed. Another test writes a persistent pool through the cluster
 //! client (this test binary, re-run inside the client namespace as a helper), SIGKILLs b,
-//! and reads back every page, before and after the client re-created the lost copies.
+//! and reads back every page, before and after the client re-created the lost copies; a
+//! third cuts b off from its peers but not from the client, and checks that the client
+//! keeps b and its copies (none re-created), reading a's pages from b once a is killed.
 //!
 //! Without namespaces (not root, a container) the namespace tests print `skipped:
 //! REASON` and pass; the SIGKILL and the latency tests also run on 127.0.0.1 only (the
@@ -745,6 +747,124 @@ fn netns_persistent_pages_survive_a_node_loss() {
     });
     cluster.restart(B);
     cluster.wait_members(&[0, 1, 2], "b alive again", Duration::from_secs(15), |l| l["alive"] == 3);
+}
+
+/// The helper of [`netns_a_node_its_peers_lose_keeps_its_persistent_copies`], run inside
+/// the client namespace: writes the persistent pool and says `written`; then, for each
+/// line on stdin, reads every page back and says `read NAME {stats}` with the client's
+/// replication counters and node count. Without FALLOW_NETNS_SEEDS it does nothing.
+#[test]
+#[ignore = "a helper that netns_a_node_its_peers_lose_keeps_its_persistent_copies runs"]
+fn partition_helper() {
+    let Ok(seeds) = std::env::var("FALLOW_NETNS_SEEDS") else {
+        eprintln!(
+            "not run: only netns_a_node_its_peers_lose_keeps_its_persistent_copies runs this"
+        );
+        return;
+    };
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    runtime.block_on(async {
+        use fallow_client::{ClusterClient, ClusterClientConfig};
+        use fallow_core::{PageKey, PoolSpec, PutOutcome};
+        let config = ClusterClientConfig::new(&seeds, SECRET)
+            .unwrap()
+            .per_node(|c| c.timeout(Duration::from_secs(1)));
+        let cluster = ClusterClient::connect(config).await.unwrap();
+        let pool = cluster.create_pool(&PoolSpec::persistent()).await.unwrap();
+        let all: Vec<u64> = (0..PERSISTENT_PAGES).collect();
+        for chunk in all.chunks(250) {
+            let keys: Vec<PageKey> = chunk.iter().map(|&i| PageKey::new(pool, 7, i)).collect();
+            let data: Vec<u8> = chunk.iter().flat_map(|&i| persistent_page(i)).collect();
+            let outcomes = cluster.put_many(&keys, data.into()).await.unwrap();
+            assert!(outcomes.iter().all(|o| *o == PutOutcome::Stored), "{outcomes:?}");
+        }
+        eprintln!("helper: written");
+        for line in std::io::stdin().lock().lines() {
+            let name = line.unwrap();
+            read_back(&cluster, pool).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+            let stats = cluster.replication();
+            let nodes = cluster.nodes().len();
+            eprintln!(
+                "helper: read {name} {{\"nodes\": {nodes}, \"re_replicated\": {}, \"lost\": {}}}",
+                stats.re_replicated, stats.lost
+            );
+        }
+    });
+}
+
+/// A partition that cuts b off from a and c but not from the client: the nodes list each
+/// other dead, while the client still reaches all three. The client keeps every node and
+/// every copy: none is re-created (nothing was lost) and every page reads back. Then a is
+/// SIGKILLed, still during the partition: its pages are read from their copies on c and
+/// on b, which its peers list dead; and again once the partition heals. Retiring a node
+/// the client reaches would forget its copies, and destroy its pools once it came back.
+#[test]
+fn netns_a_node_its_peers_lose_keeps_its_persistent_copies() {
+    let Some(net) = Net::netns("lose", 7, &[("nft", "nftables")]) else { return };
+    let mut cluster = Cluster::start(net, "lose", "32M", true);
+    let exe = std::env::current_exe().unwrap();
+    let mut helper = Daemon::spawn(
+        "the partition helper",
+        cluster
+            .net
+            .command("client", exe.to_str().unwrap())
+            .args(["partition_helper", "--exact", "--ignored", "--nocapture"])
+            .args(["--test-threads", "1"])
+            .env("FALLOW_NETNS_SEEDS", cluster.seeds(None))
+            .stdin(Stdio::piped()),
+    );
+    helper.wait_for_line("`written` line", Duration::from_secs(60), |l| {
+        (l == "helper: written").then_some(())
+    });
+    let mut stdin = helper.child().stdin.take().unwrap();
+    let mut read = |name: &str| -> Value {
+        writeln!(stdin, "{name}").unwrap();
+        let prefix = format!("helper: read {name} ");
+        let line = helper.wait_for_line(name, Duration::from_secs(60), |l| {
+            l.strip_prefix(&prefix).map(str::to_string)
+        });
+        println!("{name}: {line}");
+        serde_json::from_str(&line).unwrap()
+    };
+    let lab = cluster.net.lab();
+    let peers = format!("{}, {}", lab.host("a").ip, lab.host("c").ip);
+    let chain = |name: &str, hook: &str, dir: &str| {
+        format!(
+            "\tchain {name} {{\n\t\ttype filter hook {hook} priority 0; policy accept;\n\
+             \t\tip {dir} {{ {peers} }} counter drop\n\t}}\n"
+        )
+    };
+    let rules = format!(
+        "table inet {PARTITION} {{\n{}{}}}\n",
+        chain("input", "input", "saddr"),
+        chain("output", "output", "daddr")
+    );
+    lab.nft("b", &rules).unwrap();
+    cluster.wait_members(&[0, 2], "b seen dead by a and c", Duration::from_secs(10), |l| {
+        cluster.member(l, B).is_some_and(|(state, _)| state == "dead")
+    });
+    cluster.wait_members(&[1], "a and c seen dead by b", Duration::from_secs(10), |l| {
+        [0, 2].iter().all(|&j| cluster.member(l, j).is_some_and(|(state, _)| state == "dead"))
+    });
+    // Long enough for the client to have asked every node for its list (every 250 ms).
+    std::thread::sleep(Duration::from_secs(2));
+    let during = read("during the partition");
+    assert_eq!((during["nodes"].as_u64(), during["re_replicated"].as_u64()), (Some(3), Some(0)));
+    // a's pages whose other copy is on b are now read from b, which its peers list dead.
+    cluster.kill(0);
+    let killed = read("with a killed during the partition");
+    assert_eq!(killed["lost"].as_u64(), Some(0), "{killed}");
+    cluster.net.lab().nft("b", &format!("delete table inet {PARTITION}\n")).unwrap();
+    cluster.wait_members(&[1, 2], "b and c alive again", Duration::from_secs(20), |l| {
+        [1, 2].iter().all(|&j| cluster.member(l, j).is_some_and(|(state, _)| state == "alive"))
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let after = read("after the partition");
+    assert_eq!(after["lost"].as_u64(), Some(0), "{after}");
+    drop(stdin);
+    let status = helper.wait_timeout(Duration::from_secs(20));
+    assert!(status.is_some_and(|s| s.success()), "the helper: {status:?}\n{}", helper.log_so_far());
 }
 
 // ---- 5. added latency -----------------------------------------------------------------

@@ -67,6 +67,8 @@ pub(crate) struct Inner {
     pub fence: tokio::sync::RwLock<()>,
     /// Wakes the repair (a node was retired).
     pub repair_wake: Arc<Notify>,
+    /// Wakes puts waiting for another put of the same persistent page to end.
+    pub put_ended: Notify,
     /// Persistent pages whose lost copy was re-created, since the client started.
     pub repaired: AtomicU64,
     /// The last repair pass that re-created copies: how many, and how long it took.
@@ -154,6 +156,7 @@ impl ClusterClient {
             orphans: Mutex::new(HashMap::new()),
             fence: tokio::sync::RwLock::new(()),
             repair_wake: Arc::new(Notify::new()),
+            put_ended: Notify::new(),
             repaired: AtomicU64::new(0),
             last_repair: Mutex::new(None),
             dedup: DedupCounters::default(),

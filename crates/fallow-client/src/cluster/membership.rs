@@ -132,8 +132,8 @@ impl Inner {
     /// A member list is one node's view, and it may lag: a node restarted a moment ago
     /// has not heard from its peers yet, and another may still list the restarted node
     /// under its old generation. So a node is retired only on evidence: the list says it
-    /// is dead (at the generation this client uses, or later), or it is absent from the
-    /// list and this client cannot reach it either. A node listed under a newer
+    /// is dead (at the generation this client uses, or later) and this client cannot
+    /// reach it either, or it is absent from the list and unreachable. A node listed under a newer
     /// generation has restarted: if it answers with the node id this client knows, it
     /// came back from its state directory with its pools and persistent pages, and keeps
     /// its slot ([`Inner::rejoin`]); with another id it is a new node, retired here and
@@ -166,7 +166,13 @@ impl Inner {
             (retire, restarted, listed_dead)
         };
         // Its own view of itself decides: a newer generation is a restart (checked below
-        // like any other), the same one a node the cluster lost (a partition): retired.
+        // like any other). The same one is a node its peers lost sight of (a partition,
+        // or a host too busy to gossip in time) that still runs and answers this client:
+        // it stays, listed dead, so out of placement, until gossip hears from it again;
+        // its persistent copies are still read. Retiring it would forget those copies
+        // and destroy its pools once it is back, and two holders falsely declared dead
+        // at once would lose the page. No answer, or a node that says it is leaving:
+        // retired.
         let own = listed_dead.iter().map(|link| self.own_entry(link));
         for (link, own) in listed_dead.iter().zip(futures::future::join_all(own).await) {
             let known = self.view.read().node(link.slot).map(|n| n.generation);
@@ -174,7 +180,8 @@ impl Inner {
                 Some(me) if known.is_some_and(|g| me.generation > g) => {
                     restarted.push((link.clone(), me))
                 }
-                _ => retire.push(link.slot),
+                Some(_) => {}
+                None => retire.push(link.slot),
             }
         }
         let checks = restarted.iter().map(|(link, _)| self.rejoin(link));

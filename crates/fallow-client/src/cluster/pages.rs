@@ -5,7 +5,7 @@
 //! |---|---|---|---|
 //! | private ephemeral | to the key's rendezvous owner; the summary records it, and the key's older copy on another node is invalidated | to the node the summary names; not in the summary: a miss, no request | to the node the summary names |
 //! | shared ephemeral | to the owner, and invalidated on every other node (other clients may hold an older placement) | to the owner | on every node |
-//! | private persistent | to the key's two best nodes; `Stored` only if both stored it (else the copy that landed is removed); the summary records both when it ends, and names the older copies until then | the first copy that answers (the other if it fails or misses); a take removes both | both copies |
+//! | private persistent | to the key's two best nodes, one put of a key at a time; `Stored` only if both stored it (else the copy that landed is removed); the summary records both when it ends, and names the older copies until then | the first copy that answers (the other if it fails or misses, even on a node listed dead or down); a take removes both | both copies |
 //! | shared persistent (one node) | to its node | to its node | to its node |
 //!
 //! For an ephemeral pool a node that fails or cannot be reached is no error: its keys
@@ -220,8 +220,13 @@ impl<'a> Router<'a> {
                 // or invalidated): a miss, no request.
                 let Some(holders) = holders else { return Ok(out) };
                 out.holders = Some(holders);
-                let mut routes =
-                    holders.into_iter().filter(|&s| s != 0).filter_map(|s| view.route(pool, s));
+                // Usable holders first. One that is not (listed dead, or its last request
+                // failed) is still asked when no other copy answers: on a starved host a
+                // node misses its gossip and its requests time out, yet its copy is there.
+                // The page is lost only when a request to each holder fails.
+                let mut slots: Vec<Slot> = holders.into_iter().filter(|&s| s != 0).collect();
+                slots.sort_by_key(|&s| !view.usable(s));
+                let mut routes = slots.into_iter().filter_map(|s| view.route_any(pool, s));
                 out.send.push(routes.next().ok_or(ClusterError::CopiesLost(*key))?);
                 out.other = routes.next();
             }
@@ -332,30 +337,53 @@ impl ClusterClient {
         // Persistent keys of private pools: position → their two holders and what each
         // answered.
         let mut replicas: HashMap<usize, Replica> = HashMap::new();
-        {
-            let view = inner.view.read();
-            let mut summary = inner.summary.lock();
-            let mut router = Router::new(&view);
-            for (i, key) in keys.iter().enumerate() {
-                let digest = digests.get(i).copied().flatten();
-                let route = match router.route(&mut summary, key, RouteOp::Put(digest)) {
-                    Ok(route) => route,
-                    Err(err) => {
-                        for (at, replica) in &replicas {
-                            summary.put_ends(&keys[*at], replica.ticket, PutEnd::Abandoned);
+        loop {
+            // One put of a persistent page at a time: a put whose copy was refused on one
+            // node removes the copy that landed on the other, which must not be the copy
+            // of a concurrent put of the key that was stored. Concurrent puts of a page
+            // have no order, so waiting gives one of them, held on both nodes.
+            let ended = inner.put_ended.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            {
+                let view = inner.view.read();
+                let mut summary = inner.summary.lock();
+                if !keys.iter().any(|key| summary.put_writing(key)) {
+                    let mut router = Router::new(&view);
+                    for (i, key) in keys.iter().enumerate() {
+                        let digest = digests.get(i).copied().flatten();
+                        let route = match router.route(&mut summary, key, RouteOp::Put(digest)) {
+                            Ok(route) => route,
+                            Err(err) => {
+                                for (at, replica) in &replicas {
+                                    summary.put_ends(&keys[*at], replica.ticket, PutEnd::Abandoned);
+                                    summary.put_released(&keys[*at]);
+                                }
+                                drop(summary);
+                                inner.put_ended.notify_waiters();
+                                return Err(err);
+                            }
+                        };
+                        route.send.iter().for_each(|to| puts.add(to, route.kind, i, key));
+                        let dropped = if route.holders.is_some() { &mut late } else { &mut drops };
+                        route.drop.iter().for_each(|to| dropped.add(to, route.kind, i, key));
+                        if let Some(holders) = route.holders {
+                            let ticket = route.ticket;
+                            replicas.insert(i, Replica { holders, ticket, ..Replica::default() });
                         }
-                        return Err(err);
                     }
-                };
-                route.send.iter().for_each(|to| puts.add(to, route.kind, i, key));
-                let dropped = if route.holders.is_some() { &mut late } else { &mut drops };
-                route.drop.iter().for_each(|to| dropped.add(to, route.kind, i, key));
-                if let Some(holders) = route.holders {
-                    let ticket = route.ticket;
-                    replicas.insert(i, Replica { holders, ticket, ..Replica::default() });
+                    break;
                 }
             }
+            ended.await;
         }
+        // From here a put that is dropped (its caller gave up) still ends, as refused, and
+        // releases its keys.
+        let mut pending = PendingPuts {
+            inner,
+            ends: replicas.iter().map(|(&at, r)| (keys[at], r.ticket)).collect(),
+            keys: replicas.keys().map(|&at| keys[at]).collect(),
+        };
         let data: Vec<Bytes> = puts.0.iter().map(|p| pages_of(&pages, &p.at)).collect();
         let part_digests: Vec<Vec<Option<Digest>>> = puts
             .0
@@ -431,6 +459,7 @@ impl ClusterClient {
             for (key, ticket, end) in ends {
                 summary.put_ends(&key, ticket, end);
             }
+            pending.ends.clear();
         }
         if !late.0.is_empty() {
             let requests = late.0.iter().map(|p| p.link.client.invalidate_pages(&p.keys));
@@ -440,6 +469,9 @@ impl ClusterClient {
                 }
             }
         }
+        // The keys are released once the copies that no longer count are removed: a later
+        // put of a key could otherwise land a copy that this removal takes away.
+        drop(pending);
         match error {
             Some(err) => Err(err.into()),
             None => Ok(outcomes),
@@ -684,6 +716,35 @@ impl ClusterClient {
         }
         // Two copies of each page answered: the pages this client held, once each.
         Ok(if kind == Kind::Replicated { held } else { total })
+    }
+}
+
+/// The persistent puts of a batch, from their routing until their last request. Dropped
+/// before they ended (the batch's future was dropped midway), they end as refused: what
+/// reached the nodes is unknown, so the page is forgotten unless another put of it was
+/// stored. Dropped at all, they release their keys to the puts waiting for them.
+struct PendingPuts<'a> {
+    inner: &'a super::client::Inner,
+    /// Puts not ended yet: key and ticket.
+    ends: Vec<(PageKey, u64)>,
+    /// Keys to release.
+    keys: Vec<PageKey>,
+}
+
+impl Drop for PendingPuts<'_> {
+    fn drop(&mut self) {
+        if self.ends.is_empty() && self.keys.is_empty() {
+            return;
+        }
+        let mut summary = self.inner.summary.lock();
+        for (key, ticket) in self.ends.drain(..) {
+            summary.put_ends(&key, ticket, PutEnd::Refused);
+        }
+        for key in self.keys.drain(..) {
+            summary.put_released(&key);
+        }
+        drop(summary);
+        self.inner.put_ended.notify_waiters();
     }
 }
 

@@ -290,6 +290,10 @@ pub(crate) struct Summary {
     slots: Slots,
     /// Persistent pages with a put in flight ([`Summary::put_begins`]); empty when none.
     puts: HashMap<PageKey, PutsInFlight, BuildHasherDefault<ObjectHasher>>,
+    /// Persistent pages a put is writing, from [`Summary::put_begins`] until its last
+    /// request (removing copies that no longer count) has ended
+    /// ([`Summary::put_released`]), by number of puts; a put of one of them waits.
+    writing: HashMap<PageKey, u32, BuildHasherDefault<ObjectHasher>>,
 }
 
 /// The puts of one persistent page in flight.
@@ -466,10 +470,27 @@ impl Summary {
         Self::count_out(&mut self.slots, old.into_iter().flat_map(unpack).filter(|&s| s != 0));
     }
 
+    /// Whether a put of persistent page `key` is still writing (it began and was not
+    /// released).
+    pub(crate) fn put_writing(&self, key: &PageKey) -> bool {
+        !self.writing.is_empty() && self.writing.contains_key(key)
+    }
+
+    /// A put of `key` that began has sent its last request.
+    pub(crate) fn put_released(&mut self, key: &PageKey) {
+        if let Some(n) = self.writing.get_mut(key) {
+            *n -= 1;
+            if *n == 0 {
+                self.writing.remove(key);
+            }
+        }
+    }
+
     /// A put of persistent page `key` begins; returns its ticket for
     /// [`Summary::put_ends`]. Its older copies stay recorded until it ends, so that a get
     /// meanwhile reads the older page rather than missing.
     pub(crate) fn put_begins(&mut self, key: &PageKey) -> u64 {
+        *self.writing.entry(*key).or_default() += 1;
         let puts = self.puts.entry(*key).or_default();
         puts.count += 1;
         puts.stored

@@ -190,7 +190,22 @@ impl View {
 
     /// `slot`'s link and the pool's id there, if the node is usable and holds the pool.
     pub(crate) fn route(&self, pool: &LogicalPool, slot: Slot) -> Option<(Arc<NodeLink>, PoolId)> {
-        let node = self.node(slot).filter(|n| n.usable())?;
+        self.route_any(pool, slot).filter(|_| self.usable(slot))
+    }
+
+    /// `slot`'s link and the pool's id there, usable or not: for the copies of a
+    /// persistent page, which a node listed dead or down may still serve.
+    pub(crate) fn route_any(
+        &self,
+        pool: &LogicalPool,
+        slot: Slot,
+    ) -> Option<(Arc<NodeLink>, PoolId)> {
+        let node = self.node(slot)?;
         Some((node.link.clone(), *pool.on.get(&slot)?))
+    }
+
+    /// True if `slot` is in the view and usable.
+    pub(crate) fn usable(&self, slot: Slot) -> bool {
+        self.node(slot).is_some_and(NodeEntry::usable)
     }
 }
