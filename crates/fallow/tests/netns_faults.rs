@@ -579,6 +579,23 @@ fn netns_a_cut_link_costs_fio_nothing_and_heals() {
 /// The nft table that cuts b off from the other hosts of the lab.
 const PARTITION: &str = "fallowt_partition";
 
+/// An nft table for b's namespace that drops everything between b and `hosts`.
+fn partition_rules(lab: &Lab, hosts: &[&str]) -> String {
+    let others: Vec<String> = hosts.iter().map(|h| lab.host(h).ip.to_string()).collect();
+    let set = others.join(", ");
+    let chain = |name: &str, hook: &str, dir: &str| {
+        format!(
+            "\tchain {name} {{\n\t\ttype filter hook {hook} priority 0; policy accept;\n\
+             \t\tip {dir} {{ {set} }} counter drop\n\t}}\n"
+        )
+    };
+    format!(
+        "table inet {PARTITION} {{\n{}{}}}\n",
+        chain("input", "input", "saddr"),
+        chain("output", "output", "daddr")
+    )
+}
+
 #[test]
 fn netns_an_nft_partition_costs_fio_nothing_and_heals() {
     cut_off_and_heal(
@@ -586,21 +603,7 @@ fn netns_an_nft_partition_costs_fio_nothing_and_heals() {
         3,
         &[("nft", "nftables")],
         |lab| {
-            let others: Vec<String> =
-                ["a", "c", "client"].iter().map(|h| lab.host(h).ip.to_string()).collect();
-            let set = others.join(", ");
-            let chain = |name: &str, hook: &str, dir: &str| {
-                format!(
-                    "\tchain {name} {{\n\t\ttype filter hook {hook} priority 0; policy accept;\n\
-                     \t\tip {dir} {{ {set} }} counter drop\n\t}}\n"
-                )
-            };
-            let rules = format!(
-                "table inet {PARTITION} {{\n{}{}}}\n",
-                chain("input", "input", "saddr"),
-                chain("output", "output", "daddr")
-            );
-            lab.nft("b", &rules).unwrap();
+            lab.nft("b", &partition_rules(lab, &["a", "c", "client"])).unwrap();
         },
         |lab| {
             // The rules did drop traffic, else the partition was not what cut b off.
@@ -622,6 +625,27 @@ fn persistent_page(i: u64) -> Vec<u8> {
     (0..fallow_core::PAGE_SIZE as u64 / 8)
         .flat_map(|w| (i.rotate_left(17) ^ w.wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_le_bytes())
         .collect()
+}
+
+/// A helper's cluster client through `seeds` (1 s request timeout) with all three nodes,
+/// and a persistent pool it wrote [`PERSISTENT_PAGES`] pages to, each stored.
+async fn write_persistent(seeds: &str) -> (fallow_client::ClusterClient, fallow_core::PoolId) {
+    use fallow_client::{ClusterClient, ClusterClientConfig};
+    use fallow_core::{PageKey, PoolSpec, PutOutcome};
+    let config = ClusterClientConfig::new(seeds, SECRET)
+        .unwrap()
+        .per_node(|c| c.timeout(Duration::from_secs(1)));
+    let cluster = ClusterClient::connect(config).await.unwrap();
+    assert_eq!(cluster.nodes().len(), 3, "{:#?}", cluster.nodes());
+    let pool = cluster.create_pool(&PoolSpec::persistent()).await.unwrap();
+    let all: Vec<u64> = (0..PERSISTENT_PAGES).collect();
+    for chunk in all.chunks(250) {
+        let keys: Vec<PageKey> = chunk.iter().map(|&i| PageKey::new(pool, 7, i)).collect();
+        let data: Vec<u8> = chunk.iter().flat_map(|&i| persistent_page(i)).collect();
+        let outcomes = cluster.put_many(&keys, data.into()).await.unwrap();
+        assert!(outcomes.iter().all(|o| *o == PutOutcome::Stored), "{outcomes:?}");
+    }
+    (cluster, pool)
 }
 
 /// What the helper reads back: every page present and right, or the first that is not.
@@ -662,21 +686,7 @@ fn persistent_pages_helper() {
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     runtime.block_on(async {
-        use fallow_client::{ClusterClient, ClusterClientConfig};
-        use fallow_core::{PageKey, PoolSpec, PutOutcome};
-        let config = ClusterClientConfig::new(&seeds, SECRET)
-            .unwrap()
-            .per_node(|c| c.timeout(Duration::from_secs(1)));
-        let cluster = ClusterClient::connect(config).await.unwrap();
-        assert_eq!(cluster.nodes().len(), 3, "{:#?}", cluster.nodes());
-        let pool = cluster.create_pool(&PoolSpec::persistent()).await.unwrap();
-        let all: Vec<u64> = (0..PERSISTENT_PAGES).collect();
-        for chunk in all.chunks(250) {
-            let keys: Vec<PageKey> = chunk.iter().map(|&i| PageKey::new(pool, 7, i)).collect();
-            let data: Vec<u8> = chunk.iter().flat_map(|&i| persistent_page(i)).collect();
-            let outcomes = cluster.put_many(&keys, data.into()).await.unwrap();
-            assert!(outcomes.iter().all(|o| *o == PutOutcome::Stored), "{outcomes:?}");
-        }
+        let (cluster, pool) = write_persistent(&seeds).await;
         let spread: Vec<(String, u64)> =
             cluster.nodes().iter().map(|n| (n.id.clone(), n.pages)).collect();
         eprintln!("helper: written {PERSISTENT_PAGES} pages, copies by node {spread:?}");
@@ -765,20 +775,7 @@ fn partition_helper() {
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     runtime.block_on(async {
-        use fallow_client::{ClusterClient, ClusterClientConfig};
-        use fallow_core::{PageKey, PoolSpec, PutOutcome};
-        let config = ClusterClientConfig::new(&seeds, SECRET)
-            .unwrap()
-            .per_node(|c| c.timeout(Duration::from_secs(1)));
-        let cluster = ClusterClient::connect(config).await.unwrap();
-        let pool = cluster.create_pool(&PoolSpec::persistent()).await.unwrap();
-        let all: Vec<u64> = (0..PERSISTENT_PAGES).collect();
-        for chunk in all.chunks(250) {
-            let keys: Vec<PageKey> = chunk.iter().map(|&i| PageKey::new(pool, 7, i)).collect();
-            let data: Vec<u8> = chunk.iter().flat_map(|&i| persistent_page(i)).collect();
-            let outcomes = cluster.put_many(&keys, data.into()).await.unwrap();
-            assert!(outcomes.iter().all(|o| *o == PutOutcome::Stored), "{outcomes:?}");
-        }
+        let (cluster, pool) = write_persistent(&seeds).await;
         eprintln!("helper: written");
         for line in std::io::stdin().lock().lines() {
             let name = line.unwrap();
@@ -828,19 +825,7 @@ fn netns_a_node_its_peers_lose_keeps_its_persistent_copies() {
         serde_json::from_str(&line).unwrap()
     };
     let lab = cluster.net.lab();
-    let peers = format!("{}, {}", lab.host("a").ip, lab.host("c").ip);
-    let chain = |name: &str, hook: &str, dir: &str| {
-        format!(
-            "\tchain {name} {{\n\t\ttype filter hook {hook} priority 0; policy accept;\n\
-             \t\tip {dir} {{ {peers} }} counter drop\n\t}}\n"
-        )
-    };
-    let rules = format!(
-        "table inet {PARTITION} {{\n{}{}}}\n",
-        chain("input", "input", "saddr"),
-        chain("output", "output", "daddr")
-    );
-    lab.nft("b", &rules).unwrap();
+    lab.nft("b", &partition_rules(lab, &["a", "c"])).unwrap();
     cluster.wait_members(&[0, 2], "b seen dead by a and c", Duration::from_secs(10), |l| {
         cluster.member(l, B).is_some_and(|(state, _)| state == "dead")
     });
