@@ -18,21 +18,11 @@ rounds=${3:-3}
 hogs=${HOGS:-12}
 seconds=${SECONDS_PER_RUN:-30}
 [[ -x "$old" && -x "$new" ]] || { echo "both builds must be executables" >&2; exit 2; }
+cd "$(dirname "$0")/.."
+source bench/lib.sh
 
 dir=$(mktemp -d)
-pids=()
-stop() {
-    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-    pids=()
-}
-trap 'stop; rm -rf "$dir"' EXIT
-
-free_port() {
-    python3 -c 'import socket,sys
-kind = socket.SOCK_STREAM if sys.argv[1] == "tcp" else socket.SOCK_DGRAM
-s = socket.socket(socket.AF_INET, kind); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' "$1"
-}
+trap 'stop_pids; rm -rf "$dir"' EXIT
 
 echo "starve-ab-secret-0123456789abcdef" >"$dir/secret"
 
@@ -63,7 +53,8 @@ run() {
         --secret-file "$dir/secret" --workload mix:0.5 --persistent --keys 8192 \
         --connections 2 --queue-depth 4 --batch 8 --duration "${seconds}s" --warmup --json \
         --quiet >"$dir/bench.json" 2>"$dir/bench.err" || true
-    stop
+    stop_pids
+    pids=()
     local dead
     dead=$(cat "$dir"/node*.log | grep -c "declared dead" || true)
     python3 - "$name" "$dir/bench.json" "$dead" <<'EOF'

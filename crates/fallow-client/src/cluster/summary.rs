@@ -288,19 +288,20 @@ pub(crate) struct Summary {
     /// Persistent pages: both holders of each.
     copies: ObjectMap<true>,
     slots: Slots,
-    /// Persistent pages with a put in flight ([`Summary::put_begins`]); empty when none.
+    /// Persistent pages with a put in flight, from [`Summary::put_begins`] until
+    /// [`Summary::put_released`]; empty when none.
     puts: HashMap<PageKey, PutsInFlight, BuildHasherDefault<ObjectHasher>>,
-    /// Persistent pages a put is writing, from [`Summary::put_begins`] until its last
-    /// request (removing copies that no longer count) has ended
-    /// ([`Summary::put_released`]), by number of puts; a put of one of them waits.
-    writing: HashMap<PageKey, u32, BuildHasherDefault<ObjectHasher>>,
 }
 
 /// The puts of one persistent page in flight.
 #[derive(Debug, Default)]
 struct PutsInFlight {
-    /// How many.
+    /// How many have not ended ([`Summary::put_ends`]).
     count: u32,
+    /// How many have not sent their last request (removing copies that no longer
+    /// count; [`Summary::put_released`]): at least `count`. A put of the key waits while
+    /// this is not 0, and the entry lives as long.
+    writing: u32,
     /// How many of the key's puts ended stored since the first of these began.
     stored: u64,
 }
@@ -473,16 +474,18 @@ impl Summary {
     /// Whether a put of persistent page `key` is still writing (it began and was not
     /// released).
     pub(crate) fn put_writing(&self, key: &PageKey) -> bool {
-        !self.writing.is_empty() && self.writing.contains_key(key)
+        !self.puts.is_empty() && self.puts.contains_key(key)
     }
 
-    /// A put of `key` that began has sent its last request.
+    /// A put of `key` that began (and ended) has sent its last request.
     pub(crate) fn put_released(&mut self, key: &PageKey) {
-        if let Some(n) = self.writing.get_mut(key) {
-            *n -= 1;
-            if *n == 0 {
-                self.writing.remove(key);
-            }
+        let Some(puts) = self.puts.get_mut(key) else {
+            debug_assert!(false, "a put was released that did not begin");
+            return;
+        };
+        puts.writing -= 1;
+        if puts.writing == 0 {
+            self.puts.remove(key);
         }
     }
 
@@ -490,9 +493,9 @@ impl Summary {
     /// [`Summary::put_ends`]. Its older copies stay recorded until it ends, so that a get
     /// meanwhile reads the older page rather than missing.
     pub(crate) fn put_begins(&mut self, key: &PageKey) -> u64 {
-        *self.writing.entry(*key).or_default() += 1;
         let puts = self.puts.entry(*key).or_default();
         puts.count += 1;
+        puts.writing += 1;
         puts.stored
     }
 
@@ -510,9 +513,6 @@ impl Summary {
             puts.stored += 1;
         }
         puts.count -= 1;
-        if puts.count == 0 {
-            self.puts.remove(key);
-        }
         match end {
             PutEnd::Stored(holders) => self.insert_copies(key, holders),
             PutEnd::Refused if !stored_meanwhile => {
@@ -786,30 +786,42 @@ mod tests {
         );
         let k = key(1, 7);
         summary.insert_copies(&k, [a, b]);
-        // Stored: the older copies are read until the new ones replace them.
+        // Stored: the older copies are read until the new ones replace them. The key stays
+        // written (a later put of it waits) until the put is released, after it ended.
         let ticket = summary.put_begins(&k);
         assert_eq!(summary.copies(&k), Some([a, b]));
+        assert!(summary.put_writing(&k));
         summary.put_ends(&k, ticket, PutEnd::Stored([b, c]));
         assert_eq!(summary.copies(&k), Some([b, c]));
+        assert!(summary.put_writing(&k), "released before its last request");
+        summary.put_released(&k);
+        assert!(!summary.put_writing(&k));
         // Refused alone: the page is forgotten (a refused put leaves no older page).
         let ticket = summary.put_begins(&k);
         summary.put_ends(&k, ticket, PutEnd::Refused);
+        summary.put_released(&k);
         assert_eq!(summary.copies(&k), None);
-        // Two at once, the later one stored first: the earlier one's refusal keeps it.
+        // Two at once (a batch may hold a key twice), the later one stored first: the
+        // earlier one's refusal keeps it.
         summary.insert_copies(&k, [a, b]);
         let first = summary.put_begins(&k);
         let second = summary.put_begins(&k);
         summary.put_ends(&k, second, PutEnd::Stored([a, c]));
         summary.put_ends(&k, first, PutEnd::Refused);
         assert_eq!(summary.copies(&k), Some([a, c]));
+        summary.put_released(&k);
+        assert!(summary.put_writing(&k), "one of the two is still writing");
+        summary.put_released(&k);
         // A put that began after that store and is refused forgets the page again.
         let third = summary.put_begins(&k);
         summary.put_ends(&k, third, PutEnd::Refused);
+        summary.put_released(&k);
         assert_eq!(summary.copies(&k), None);
         // Abandoned: nothing changes; and no bookkeeping is left behind.
         summary.insert_copies(&k, [a, b]);
         let ticket = summary.put_begins(&k);
         summary.put_ends(&k, ticket, PutEnd::Abandoned);
+        summary.put_released(&k);
         assert_eq!(summary.copies(&k), Some([a, b]));
         assert!(summary.puts.is_empty());
         summary.validate();

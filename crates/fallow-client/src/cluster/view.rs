@@ -190,7 +190,8 @@ impl View {
 
     /// `slot`'s link and the pool's id there, if the node is usable and holds the pool.
     pub(crate) fn route(&self, pool: &LogicalPool, slot: Slot) -> Option<(Arc<NodeLink>, PoolId)> {
-        self.route_any(pool, slot).filter(|_| self.usable(slot))
+        let node = self.node(slot).filter(|n| n.usable())?;
+        Some((node.link.clone(), *pool.on.get(&slot)?))
     }
 
     /// `slot`'s link and the pool's id there, usable or not: for the copies of a

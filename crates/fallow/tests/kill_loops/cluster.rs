@@ -16,6 +16,42 @@ struct Member {
     state: PathBuf,
 }
 
+/// Two members on 127.0.0.1 (OS-assigned ports) with state directories in `dir`, and
+/// the secret file written there.
+fn two_members(dir: &ShmDir) -> (Vec<Member>, PathBuf) {
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, format!("{NODE_SECRET}\n")).unwrap();
+    let members = (0..2)
+        .map(|i| Member {
+            listen: format!("127.0.0.1:{}", support::free_port()),
+            gossip: format!(
+                "127.0.0.1:{}",
+                std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+            ),
+            state: dir.path().join(format!("state-{i}")),
+        })
+        .collect();
+    (members, secret)
+}
+
+/// Starts both members, joined to each other, and a cluster client of them whose
+/// requests time out after `timeout`.
+async fn start_two(
+    members: &[Member],
+    secret: &Path,
+    timeout: Duration,
+) -> (Vec<Daemon>, fallow_client::ClusterClient) {
+    let nodes = vec![
+        start_member(&members[0], &members[1], secret),
+        start_member(&members[1], &members[0], secret),
+    ];
+    let seeds = format!("fallow://{},{}", members[0].listen, members[1].listen);
+    let config = fallow_client::ClusterClientConfig::new(&seeds, NODE_SECRET)
+        .unwrap()
+        .per_node(|c| c.timeout(timeout));
+    (nodes, fallow_client::ClusterClient::connect(config).await.unwrap())
+}
+
 /// `fallow node` for `member`, joined to `peer`, journaling into its state directory.
 fn start_member(member: &Member, peer: &Member, secret: &Path) -> Daemon {
     let args = [
@@ -62,6 +98,17 @@ struct ClusterCounts {
     gets: u64,
     gets_with_a_node_down: u64,
     cut_short: u64,
+}
+
+impl ClusterCounts {
+    fn add(&mut self, other: &ClusterCounts) {
+        self.stored += other.stored;
+        self.refused += other.refused;
+        self.invalidations += other.invalidations;
+        self.gets += other.gets;
+        self.gets_with_a_node_down += other.gets_with_a_node_down;
+        self.cut_short += other.cut_short;
+    }
 }
 
 /// One task's load on `keys` (the expectations of `first..first + keys.len()`): puts of
@@ -254,31 +301,12 @@ async fn a_killed_nodes_persistent_pages_are_served_by_its_peer() {
     let seed = seed();
     let mut rng = Rng(seed);
     let dir = ShmDir::new("kill-cluster");
-    let secret = dir.path().join("secret");
-    std::fs::write(&secret, format!("{NODE_SECRET}\n")).unwrap();
-    let members: Vec<Member> = (0..2)
-        .map(|i| Member {
-            listen: format!("127.0.0.1:{}", support::free_port()),
-            gossip: format!(
-                "127.0.0.1:{}",
-                std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-            ),
-            state: dir.path().join(format!("state-{i}")),
-        })
-        .collect();
+    let (members, secret) = two_members(&dir);
     let started = Instant::now();
-    let mut nodes = vec![
-        start_member(&members[0], &members[1], &secret),
-        start_member(&members[1], &members[0], &secret),
-    ];
-    let seeds = format!("fallow://{},{}", members[0].listen, members[1].listen);
     // A SIGKILLed node resets its connections: no timeout is needed to notice it, and a
     // long one keeps a busy machine (debug builds, tests in parallel) from making a slow
     // answer of the survivor a node down, and its pages unreadable.
-    let config = fallow_client::ClusterClientConfig::new(&seeds, NODE_SECRET)
-        .unwrap()
-        .per_node(|c| c.timeout(Duration::from_secs(5)));
-    let cluster = fallow_client::ClusterClient::connect(config).await.unwrap();
+    let (mut nodes, cluster) = start_two(&members, &secret, Duration::from_secs(5)).await;
     let pool = cluster.create_pool(&PoolSpec::persistent()).await.unwrap();
     wait_until_settled(&cluster, "the first start").await;
 
@@ -320,12 +348,7 @@ async fn a_killed_nodes_persistent_pages_are_served_by_its_peer() {
                 Err(err) => cluster_failed(&nodes, &format!("{context}: {err}")),
             };
             keys[w * share as usize..(w + 1) * share as usize].copy_from_slice(&mine);
-            counts.stored += seen.stored;
-            counts.refused += seen.refused;
-            counts.invalidations += seen.invalidations;
-            counts.gets += seen.gets;
-            counts.gets_with_a_node_down += seen.gets_with_a_node_down;
-            counts.cut_short += seen.cut_short;
+            counts.add(&seen);
         }
         killer.join();
         nodes[victim].wait_timeout(START).expect("the killed node is reaped");
@@ -396,29 +419,10 @@ async fn a_killed_nodes_persistent_pages_are_served_by_its_peer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quickly_restarted_node_costs_no_persistent_page() {
     let dir = ShmDir::new("kill-quick");
-    let secret = dir.path().join("secret");
-    std::fs::write(&secret, format!("{NODE_SECRET}\n")).unwrap();
-    let mut members: Vec<Member> = (0..2)
-        .map(|i| Member {
-            listen: format!("127.0.0.1:{}", support::free_port()),
-            gossip: format!(
-                "127.0.0.1:{}",
-                std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-            ),
-            state: dir.path().join(format!("state-{i}")),
-        })
-        .collect();
+    let (mut members, secret) = two_members(&dir);
     // Member 0 has the lower id: the client asks it first.
     members.sort_by(|a, b| a.listen.cmp(&b.listen));
-    let mut nodes = vec![
-        start_member(&members[0], &members[1], &secret),
-        start_member(&members[1], &members[0], &secret),
-    ];
-    let seeds = format!("fallow://{},{}", members[0].listen, members[1].listen);
-    let config = fallow_client::ClusterClientConfig::new(&seeds, NODE_SECRET)
-        .unwrap()
-        .per_node(|c| c.timeout(Duration::from_secs(1)));
-    let cluster = fallow_client::ClusterClient::connect(config).await.unwrap();
+    let (mut nodes, cluster) = start_two(&members, &secret, Duration::from_secs(1)).await;
     let pool = cluster.create_pool(&PoolSpec::persistent()).await.unwrap();
     let keys: Vec<PageKey> = (0..512).map(|i| PageKey::new(pool, 1, i)).collect();
     let data = Bytes::from((0..512).flat_map(|i| node_page(1, i, 1)).collect::<Vec<u8>>());
