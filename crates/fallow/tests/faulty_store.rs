@@ -606,41 +606,43 @@ fn stall_repeatedly(control: PathBuf, stop: Arc<AtomicBool>) -> std::thread::Joi
 /// single pages: every read returned its page, at a generation written by a write that
 /// succeeded, began before the read ended and was not overwritten by a successful write
 /// that began after it ended and ended before the read began (or the image's first
-/// generation, when no successful write had ended before the read began). Returns, per
-/// page, the generations it may hold now: those of the successful writes no successful
-/// write came strictly after (0 if none succeeded).
-fn check_history(ops: &[Op], out: &[Outcome]) -> HashMap<u64, Vec<u32>> {
+/// generation, when no successful write had ended before the read began). A read that
+/// overlapped a write of its page may return a torn page (NBD promises no atomicity
+/// between concurrent requests, and the file store's `pread` and `pwrite` of one page race
+/// in the page cache): each part must then be a generation the read could have returned
+/// whole. Returns, per page, the generations it may hold now (those of the successful
+/// writes no successful write came strictly after, 0 if none succeeded), and how many
+/// reads were torn.
+fn check_history(ops: &[Op], out: &[Outcome]) -> (HashMap<u64, Vec<u32>>, u32) {
     let mut writes: HashMap<u64, Vec<(u32, &Outcome)>> = HashMap::new();
     for (op, o) in ops.iter().zip(out) {
         if let Op::Write(page, gen) = op {
             writes.entry(*page).or_default().push((*gen, o));
         }
     }
-    let none = Vec::new();
+    let (none, mut torn_reads) = (Vec::new(), 0);
     for (op, o) in ops.iter().zip(out) {
         let Op::Read(page) = op else { continue };
         if !o.ok() {
             continue;
         }
         let of_page = writes.get(page).unwrap_or(&none);
-        let gen = match o.data {
-            Some(Content::Stamp(p, gen)) if p == *page => gen,
-            other => panic!("page {page} read as {other:?}"),
+        let parts: Vec<(u64, u32)> = match (o.data, &o.torn) {
+            (Some(Content::Stamp(p, gen)), _) => vec![(p, gen)],
+            (Some(Content::Other), Some(torn)) if torn.zeros == 0 => {
+                let overlapped = of_page.iter().any(|(_, w)| w.t0 < o.t1 && o.t0 < w.t1);
+                assert!(overlapped, "page {page}: torn ({torn:?}) by no write of it under way");
+                torn_reads += 1;
+                torn.stamps.iter().map(|&(p, gen, _)| (p, gen)).collect()
+            }
+            _ => panic!("page {page} read as {:?} ({:?})", o.data, o.torn),
         };
-        if gen == 0 {
-            let done = of_page.iter().find(|(_, w)| w.ok() && w.t1 < o.t0);
-            assert!(done.is_none(), "page {page}: the first generation read after {done:?}");
-            continue;
+        for (p, gen) in parts {
+            assert_eq!(p, *page, "page {page} read as page {p}'s data ({o:?})");
+            check_read_generation(*page, gen, o, of_page);
         }
-        let Some((_, w)) = of_page.iter().find(|(g, _)| *g == gen) else {
-            panic!("page {page} read at generation {gen}, never written")
-        };
-        assert!(w.ok(), "page {page}: the data of a failed write ({gen}) was read");
-        assert!(w.t0 < o.t1, "page {page}: generation {gen} read before it was written");
-        let newer = of_page.iter().find(|(_, n)| n.ok() && n.t0 > w.t1 && n.t1 < o.t0);
-        assert!(newer.is_none(), "page {page}: generation {gen} read after {newer:?} replaced it");
     }
-    writes
+    let may_hold = writes
         .iter()
         .map(|(page, of_page)| {
             let last: Vec<u32> = of_page
@@ -651,7 +653,25 @@ fn check_history(ops: &[Op], out: &[Outcome]) -> HashMap<u64, Vec<u32>> {
                 .collect();
             (*page, if last.is_empty() { vec![0] } else { last })
         })
-        .collect()
+        .collect();
+    (may_hold, torn_reads)
+}
+
+/// Checks that `read` could return generation `gen` of `page`, whose writes are `of_page`
+/// (see [`check_history`]).
+fn check_read_generation(page: u64, gen: u32, read: &Outcome, of_page: &[(u32, &Outcome)]) {
+    if gen == 0 {
+        let done = of_page.iter().find(|(_, w)| w.ok() && w.t1 < read.t0);
+        assert!(done.is_none(), "page {page}: the first generation read after {done:?}");
+        return;
+    }
+    let Some((_, w)) = of_page.iter().find(|(g, _)| *g == gen) else {
+        panic!("page {page} read at generation {gen}, never written")
+    };
+    assert!(w.ok(), "page {page}: the data of a failed write ({gen}) was read");
+    assert!(w.t0 < read.t1, "page {page}: generation {gen} read before it was written");
+    let newer = of_page.iter().find(|(_, n)| n.ok() && n.t0 > w.t1 && n.t1 < read.t0);
+    assert!(newer.is_none(), "page {page}: generation {gen} read after {newer:?} replaced it");
 }
 
 /// 4,000 reads and writes of 128 pages (every other one of 256), 16 in flight, through a local tier of 16 pages,
@@ -755,7 +775,7 @@ fn errors_under_stalls(policy: Policy) {
             );
         }
     }
-    let may_hold = check_history(&ops, &out);
+    let (may_hold, torn_reads) = check_history(&ops, &out);
     for page in 0..pages {
         let held = image_page(&rig.image, page);
         let allowed = may_hold.get(&page).cloned().unwrap_or_else(|| vec![0]);
@@ -767,7 +787,8 @@ fn errors_under_stalls(policy: Policy) {
     assert_export_matches_image(&mut rig.client, &rig.image, 0..pages);
     let reads = ops.iter().filter(|op| matches!(op, Op::Read(_))).count();
     println!(
-        "{} under stalls: {} requests ({reads} reads), 16 in flight, {stalls} stalls of 40 ms; \
+        "{} under stalls: {} requests ({reads} reads, {torn_reads} torn by a write under way), \
+         16 in flight, {stalls} stalls of 40 ms; \
          store: {} reads ({} EIO injected), {} writes ({} ENOSPC injected); \
          seen: {read_errors} EIO, {write_errors} ENOSPC; {write_back_errors} failed write-backs counted",
         policy.name(),
