@@ -32,8 +32,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use support::faulty::{
-    have_tools, image_page, make_image, Client, Content, Fallow, Op, Outcome, Switch, Upstream,
-    PAGE,
+    have_tools, image_page, make_image, Client, Content, Fallow, Op, Outcome, Switch, Torn,
+    Upstream, PAGE,
 };
 use support::{poll_until, Rng, TempDir};
 
@@ -672,6 +672,30 @@ fn check_read_generation(page: u64, gen: u32, read: &Outcome, of_page: &[(u32, &
     assert!(w.t0 < read.t1, "page {page}: generation {gen} read before it was written");
     let newer = of_page.iter().find(|(_, n)| n.ok() && n.t0 > w.t1 && n.t1 < read.t0);
     assert!(newer.is_none(), "page {page}: generation {gen} read after {newer:?} replaced it");
+}
+
+/// The stall test's checker: a torn page is allowed from a read that overlapped a write
+/// of its page, made of generations it could have read whole; not from any other read,
+/// and not with a part of a write that failed.
+#[test]
+fn the_stall_history_allows_a_torn_page_only_under_a_write_of_it() {
+    let done = |t0, t1| Outcome { error: None, data: None, torn: None, t0, t1 };
+    let failed = |t0, t1| Outcome { error: Some("ENOSPC".into()), ..done(t0, t1) };
+    let torn = |gens: &[u32], t0, t1| Outcome {
+        data: Some(Content::Other),
+        torn: Some(Torn { stamps: gens.iter().map(|&g| (3, g, 128)).collect(), zeros: 0 }),
+        ..done(t0, t1)
+    };
+    let ops = [Op::Write(3, 1), Op::Write(3, 2), Op::Read(3)];
+    let check = |read: Outcome, second: Outcome| {
+        let out = [done(10, 20), second, read];
+        std::panic::catch_unwind(|| check_history(&ops, &out)).map(|(_, torn)| torn)
+    };
+    assert_eq!(check(torn(&[1, 2], 35, 45), done(30, 40)).ok(), Some(1), "under write 2");
+    assert_eq!(check(torn(&[0, 1], 15, 25), done(30, 40)).ok(), Some(1), "under write 1");
+    assert!(check(torn(&[1, 2], 45, 50), done(30, 40)).is_err(), "after both writes");
+    assert!(check(torn(&[1, 2], 35, 45), failed(30, 40)).is_err(), "a failed write's part");
+    assert!(check(torn(&[0, 2], 35, 45), done(30, 40)).is_err(), "generation 0 after 1");
 }
 
 /// 4,000 reads and writes of 128 pages (every other one of 256), 16 in flight, through a local tier of 16 pages,
