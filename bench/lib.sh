@@ -34,6 +34,64 @@ wait_listening() {
     return 1
 }
 
+# ab_setup USAGE_LINES DEFAULT_ROUNDS "$@": the start of an A/B script, which sources this file
+# before changing directory. Reads OLD_FALLOW NEW_FALLOW [ROUNDS] into $old and $new
+# (absolute paths) and $rounds (default DEFAULT_ROUNDS); with fewer arguments prints the
+# script's lines USAGE_LINES ("2,13") and exits. Then changes to the repository root and
+# makes $dir, removed on exit with every process in $pids stopped.
+ab_setup() {
+    local usage=$1 default_rounds=$2
+    shift 2
+    [[ $# -ge 2 ]] || { sed -n "${usage}p" "$0" >&2; exit 2; }
+    old=$(realpath "$1")
+    new=$(realpath "$2")
+    rounds=${3:-$default_rounds}
+    [[ -x "$old" && -x "$new" ]] || { echo "both builds must be executables" >&2; exit 2; }
+    cd "$(dirname "${BASH_SOURCE[0]}")/.."
+    dir=$(mktemp -d)
+    trap 'stop_pids; rm -rf "$dir"' EXIT
+}
+
+# ab_rounds RESULTS ROUNDS SHAPES: the alternating loop of the A/B scripts. For each round and
+# each WORKLOAD:QUEUE_DEPTH:BATCH shape, calls the script's `run WHICH WORKLOAD DEPTH BATCH`
+# for `old` and `new` (which goes first alternates by round) and appends "SHAPE WHICH VALUE"
+# lines to RESULTS.
+ab_rounds() {
+    local results=$1 rounds=$2 shapes=$3 round shape workload depth batch which
+    for round in $(seq "$rounds"); do
+        for shape in $shapes; do
+            IFS=: read -r workload depth batch <<<"${shape/mix:/mix_}"
+            workload=${workload/mix_/mix:}
+            local order=(old new)
+            ((round % 2)) || order=(new old)
+            for which in "${order[@]}"; do
+                echo "$shape $which $(run "$which" "$workload" "$depth" "$batch")" >>"$results"
+            done
+            echo "round $round/$rounds: $shape done" >&2
+        done
+    done
+}
+
+# ab_table RESULTS WHAT: the Markdown table of ab_rounds' results, WHAT naming what is
+# measured ("pages/s"): per shape, both medians and the median (min–max) of the per-round
+# ratios new / old.
+ab_table() {
+    python3 - "$1" "$2" <<'EOF'
+import collections, statistics, sys
+runs = collections.defaultdict(lambda: collections.defaultdict(list))
+for line in open(sys.argv[1]):
+    shape, which, value = line.split()
+    runs[shape][which].append(float(value))
+what = sys.argv[2]
+print(f"| workload:QD:batch | old {what} | new {what} | new / old, median (min–max) |")
+print("|---|---:|---:|---|")
+for shape, by in runs.items():
+    ratios = [n / o for o, n in zip(by["old"], by["new"])]
+    print(f"| {shape} | {statistics.median(by['old']):,.0f} | {statistics.median(by['new']):,.0f} "
+          f"| {statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}) |")
+EOF
+}
+
 # The rest is for the scripts that build fallow, write raw results to bench/out and a section
 # into docs/benchmarks-runs.md (cluster.sh, node_vs_memcached.sh) or BENCHMARKS.md (vm.sh).
 # Sourcing it runs nothing below but the assignment of `runs_doc`.

@@ -11,18 +11,10 @@
 #   ROUNDS   default 3
 # Env: HOGS (default 12) busy loops; SECONDS_PER_RUN (default 30).
 set -euo pipefail
-[[ $# -ge 2 ]] || { sed -n '2,13p' "$0" >&2; exit 2; }
-old=$(realpath "$1")
-new=$(realpath "$2")
-rounds=${3:-3}
+source "$(dirname "$0")/lib.sh"
+ab_setup 2,12 3 "$@"
 hogs=${HOGS:-12}
 seconds=${SECONDS_PER_RUN:-30}
-[[ -x "$old" && -x "$new" ]] || { echo "both builds must be executables" >&2; exit 2; }
-cd "$(dirname "$0")/.."
-source bench/lib.sh
-
-dir=$(mktemp -d)
-trap 'stop_pids; rm -rf "$dir"' EXIT
 
 echo "starve-ab-secret-0123456789abcdef" >"$dir/secret"
 

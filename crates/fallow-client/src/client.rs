@@ -18,6 +18,7 @@ use fallow_proto::fallow::{MemberInfo, Op, PageRef, Reply, Request, Status};
 use parking_lot::Mutex;
 
 use crate::conn::Conn;
+use crate::session::Numbering;
 use crate::{ClientConfig, ClientError, NodeRestart, NodeStats};
 
 /// A client of one node. Cheap to clone (clones share connections); every method takes
@@ -41,6 +42,8 @@ struct Inner {
     /// The node id the first connection saw: a later connection that sees another one
     /// reached a restarted node ([`NodeRestart`]).
     first_node_id: OnceLock<u128>,
+    /// The numbering of the connections, for fencing the ones given up on.
+    numbering: Arc<Numbering>,
 }
 
 /// One connection, replaced when it fails.
@@ -61,6 +64,19 @@ impl Drop for Inner {
     }
 }
 
+/// The slot's connection, unless it failed or a give-up fenced it. A fenced one is closed:
+/// its requests in flight fail as disconnected (a retry goes on the new connection), and
+/// the fence already covers them.
+fn usable(current: &Mutex<Option<Arc<Conn>>>) -> Option<Arc<Conn>> {
+    let current = current.lock();
+    let conn = current.as_ref()?;
+    if conn.is_fenced() {
+        conn.close();
+        return None;
+    }
+    (!conn.is_closed()).then(|| conn.clone())
+}
+
 /// Whether a request may be sent again after its connection broke with it in flight.
 /// A repeated take could lose a page the first attempt took, and a repeated destroy could
 /// detach twice; everything else has the same effect when repeated.
@@ -75,8 +91,13 @@ impl Client {
         let slots = (0..config.connections.max(1))
             .map(|_| Slot { current: Mutex::new(None), connecting: tokio::sync::Mutex::new(()) })
             .collect();
-        let inner =
-            Inner { config, slots, next: AtomicUsize::new(0), first_node_id: OnceLock::new() };
+        let inner = Inner {
+            config,
+            slots,
+            next: AtomicUsize::new(0),
+            first_node_id: OnceLock::new(),
+            numbering: Arc::new(Numbering::new()),
+        };
         let client = Client { inner: Arc::new(inner) };
         client.conn_at(0).await?;
         Ok(client)
@@ -97,16 +118,18 @@ impl Client {
         self.conn_at(i).await
     }
 
+    /// The connection of slot `i`, opened anew when the slot has none, or has one that
+    /// failed or that a give-up fenced ([`usable`]).
     async fn conn_at(&self, i: usize) -> Result<Arc<Conn>, ClientError> {
         let slot = &self.inner.slots[i];
-        if let Some(conn) = slot.current.lock().as_ref().filter(|c| !c.is_closed()) {
-            return Ok(conn.clone());
+        if let Some(conn) = usable(&slot.current) {
+            return Ok(conn);
         }
         let _one_at_a_time = slot.connecting.lock().await;
-        if let Some(conn) = slot.current.lock().as_ref().filter(|c| !c.is_closed()) {
-            return Ok(conn.clone());
+        if let Some(conn) = usable(&slot.current) {
+            return Ok(conn);
         }
-        let conn = Conn::open(&self.inner.config).await?;
+        let conn = Conn::open(&self.inner.config, &self.inner.numbering).await?;
         let first = *self.inner.first_node_id.get_or_init(|| conn.node_id);
         if first != conn.node_id && self.inner.config.on_restart == NodeRestart::Refuse {
             conn.close();

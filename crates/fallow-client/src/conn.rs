@@ -12,6 +12,10 @@
 //! update, never across `.await`. `writer` is a tokio mutex held across the socket write.
 //! `pending` also orders closing: `close` sets `closed` under it, so a request either
 //! registers before the close (and is woken by it) or sees `closed`.
+//!
+//! A connection closed with requests in flight, or after one timed out, gives them up:
+//! the client's session with the node is fenced (`session.rs`), so the node runs none of
+//! them after what the client sends next.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -28,6 +32,7 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{ClientConfig, Endpoint};
+use crate::session::Numbering;
 use crate::ClientError;
 
 type Reader = Box<dyn AsyncRead + Send + Unpin>;
@@ -45,21 +50,28 @@ pub(crate) struct Conn {
     pub(crate) max_batch: usize,
     /// The node's id from HELLO.
     pub(crate) node_id: u128,
+    /// This connection's number in the client's session with the node.
+    epoch: u32,
+    numbering: Arc<Numbering>,
 }
 
 impl Conn {
-    /// Connects and authenticates.
-    pub(crate) async fn open(config: &ClientConfig) -> Result<Arc<Conn>, ClientError> {
+    /// Connects and authenticates, as the next connection of `numbering`'s session.
+    pub(crate) async fn open(
+        config: &ClientConfig,
+        numbering: &Arc<Numbering>,
+    ) -> Result<Arc<Conn>, ClientError> {
         if config.secret.len() < MIN_SECRET_LEN {
             return Err(ClientError::Protocol(format!(
                 "the secret has {} bytes; at least {MIN_SECRET_LEN} are needed",
                 config.secret.len()
             )));
         }
+        let session = numbering.next();
         let opened = tokio::time::timeout(config.connect_timeout, async {
             let (mut reader, mut writer) = connect(&config.endpoint, config.tls.as_ref()).await?;
             let mut input = BytesMut::with_capacity(4096);
-            let hello = handshake(config, &mut reader, &mut writer, &mut input).await?;
+            let hello = handshake(config, session, &mut reader, &mut writer, &mut input).await?;
             Ok::<_, ClientError>((reader, writer, input, hello))
         })
         .await
@@ -74,6 +86,8 @@ impl Conn {
             stop: CancellationToken::new(),
             max_batch: (hello.max_batch as usize).clamp(1, MAX_BATCH),
             node_id: hello.node_id,
+            epoch: session.epoch,
+            numbering: numbering.clone(),
         });
         tokio::spawn(read_replies(conn.clone(), reader, input));
         Ok(conn)
@@ -84,10 +98,21 @@ impl Conn {
         self.closed.load(Ordering::Acquire)
     }
 
+    /// True when the client gave up on requests since this connection was opened: it
+    /// must carry no new request, which the node could run before the ones given up on.
+    pub(crate) fn is_fenced(&self) -> bool {
+        self.numbering.is_fenced(self.epoch)
+    }
+
     /// Closes the connection: the reader stops, and every request in flight fails with
-    /// [`ClientError::Disconnected`].
+    /// [`ClientError::Disconnected`] and is given up on.
     pub(crate) fn close(&self) {
         let mut pending = self.pending.lock();
+        // A fenced connection's requests are covered by the fence already: giving up again
+        // would fence the connections opened since, for nothing.
+        if !pending.is_empty() && !self.is_fenced() {
+            self.numbering.give_up();
+        }
         self.closed.store(true, Ordering::Release);
         // Dropping the senders wakes their receivers with an error.
         pending.clear();
@@ -121,6 +146,9 @@ impl Conn {
             Err(_) => {
                 self.pending.lock().remove(&id);
                 tracing::warn!(id, ?timeout, "request timed out; closing the connection");
+                if !self.is_fenced() {
+                    self.numbering.give_up();
+                }
                 self.close();
                 Err(ClientError::Timeout(timeout))
             }
@@ -193,6 +221,7 @@ async fn connect(
 /// HELLO and AUTH, before the reader task starts.
 async fn handshake(
     config: &ClientConfig,
+    session: fallow_proto::fallow::Session,
     reader: &mut Reader,
     writer: &mut Writer,
     input: &mut BytesMut,
@@ -206,6 +235,7 @@ async fn handshake(
         version_max: VERSION,
         client_id: config.client_id,
         name,
+        session: Some(session),
     });
     let reply = exchange(reader, writer, input, &hello, 1, Op::Hello).await?;
     let hello = match reply {

@@ -39,6 +39,7 @@ mod config;
 mod conn;
 mod dedup;
 mod error;
+mod session;
 mod stats;
 
 pub use blocking::BlockingClient;

@@ -15,6 +15,10 @@
 //! AUTH, frames are limited to a few hundred bytes, and the handshake must finish within
 //! `handshake_timeout`. A peer that stops reading its replies is dropped after
 //! `write_timeout`. Each of these is logged and counted in `fallow_node_protocol_errors`.
+//!
+//! A connection that says where it stands in its client's session (HELLO) joins the
+//! session at AUTH and may be fenced by a newer connection of it (`fence.rs`): every request
+//! passes the connection's gate, and a fenced connection runs nothing more and closes.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -29,6 +33,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::cmd::{self, handshake, handshake::Phase};
+use crate::fence::{Busy, Gate, Registration};
 use crate::forward;
 use crate::node::Node;
 
@@ -61,6 +66,8 @@ enum Closed {
     HandshakeTimeout,
     #[error("peer stopped reading replies")]
     WriteTimeout,
+    #[error("fenced by a newer connection of its client's session")]
+    Fenced,
 }
 
 /// Whether [`Connection::process`] answered every whole frame it had.
@@ -79,6 +86,8 @@ enum Lane {
     Slow,
     /// A tokio task forwarding to the cluster (`forward::is_forwarded`).
     Forwarded,
+    /// The AUTH reply, once the connections it fences are idle.
+    Fence,
 }
 
 /// A finished background request: its reply frame.
@@ -92,6 +101,10 @@ struct Connection {
     slow_in_flight: usize,
     forwarded_in_flight: usize,
     slow_done: mpsc::UnboundedSender<Finished>,
+    /// Cancelled when a newer connection of the session fences this one.
+    fenced: CancellationToken,
+    /// This connection's place in its client's session, once authenticated with one.
+    session: Option<Registration>,
 }
 
 /// Serves one accepted connection until it closes: inside TLS first when the node has
@@ -124,10 +137,17 @@ pub(crate) async fn serve(
         slow_in_flight: 0,
         forwarded_in_flight: 0,
         slow_done,
+        fenced: CancellationToken::new(),
+        session: None,
     };
     let closed = conn.run(stream, slow_results, shutdown).await;
     match &closed {
         Closed::Eof | Closed::Shutdown => tracing::debug!(peer = %conn.peer, "connection closed"),
+        Closed::Fenced => {
+            // The client gave up on this connection and has opened a newer one.
+            tracing::info!(peer = %conn.peer, "connection fenced by a newer one of its client");
+            node.metrics().fenced_connections.inc();
+        }
         Closed::Io(err) => tracing::info!(peer = %conn.peer, %err, "connection failed"),
         Closed::Protocol(_) | Closed::HandshakeTimeout | Closed::WriteTimeout => {
             tracing::warn!(peer = %conn.peer, reason = %closed, "connection dropped")
@@ -138,7 +158,7 @@ pub(crate) async fn serve(
         Closed::WriteTimeout => node.metrics().reject("write_timeout"),
         _ => {}
     }
-    if let Phase::Ready { client_id, .. } = conn.phase {
+    if let Phase::Ready { client_id, .. } | Phase::Fencing { client_id, .. } = conn.phase {
         node.clients().disconnect(client_id);
     }
     node.metrics().connections.dec();
@@ -225,6 +245,7 @@ impl Connection {
     {
         let config = self.node.config().clone();
         let handshake_deadline = tokio::time::Instant::now() + config.handshake_timeout;
+        let fenced = self.fenced.clone();
         let mut input = BytesMut::with_capacity(READ_CHUNK);
         loop {
             let verdict = self.process(&mut input);
@@ -250,6 +271,7 @@ impl Connection {
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return Closed::Shutdown,
+                _ = fenced.cancelled() => return Closed::Fenced,
                 Some(finished) = slow_results.recv() => self.finished(finished),
                 read = stream.read_buf(&mut input), if !paused => match read {
                     Ok(0) if !input.is_empty() => {
@@ -340,7 +362,9 @@ impl Connection {
                     Phase::Ready { .. } => err.status(),
                     // A HELLO we cannot read: tell the peer which versions we speak.
                     Phase::AwaitHello if op_code == Op::Hello as u8 => Status::UnsupportedVersion,
-                    Phase::AwaitHello | Phase::AwaitAuth { .. } => Status::NotAuthenticated,
+                    Phase::AwaitHello | Phase::AwaitAuth { .. } | Phase::Fencing { .. } => {
+                        Status::NotAuthenticated
+                    }
                 };
                 let metrics = self.node.metrics();
                 metrics.reject(status.name());
@@ -377,12 +401,13 @@ impl Connection {
                 }
             }
             (
-                Phase::AwaitAuth { version, challenge, client_id, name },
+                Phase::AwaitAuth { version, challenge, client_id, name, session },
                 Request::Auth { client_nonce, proof },
             ) => {
-                let (version, challenge, client_id, name) =
-                    (*version, *challenge, *client_id, name.clone());
-                match handshake::auth(
+                let (version, challenge, client_id, name, session) =
+                    (*version, *challenge, *client_id, name.clone(), *session);
+                let mut reply = BytesMut::new();
+                let authenticated = handshake::auth(
                     &self.node,
                     version,
                     challenge,
@@ -390,22 +415,52 @@ impl Connection {
                     client_nonce,
                     &proof,
                     id,
-                    &mut self.out,
-                ) {
-                    Ok(next) => {
-                        tracing::info!(
-                            peer = %self.peer,
-                            client = %format_args!("{client_id:032x}"),
-                            %name,
-                            "client authenticated"
-                        );
-                        self.phase = next;
-                        Status::Ok
+                    &mut reply,
+                );
+                let client = match authenticated {
+                    Ok(client) => client,
+                    Err(status) => {
+                        self.out.extend_from_slice(&reply);
+                        return self.refuse(op, status, "wrong secret");
                     }
-                    Err(status) => return self.refuse(op, status, "wrong secret"),
+                };
+                tracing::info!(
+                    peer = %self.peer,
+                    client = %format_args!("{client_id:032x}"),
+                    %name,
+                    "client authenticated"
+                );
+                let fenced = match session {
+                    None => Vec::new(),
+                    Some(session) => {
+                        let joined =
+                            self.node.sessions().join(client_id, session, self.fenced.clone());
+                        match joined {
+                            Ok((registration, fenced)) => {
+                                self.session = Some(registration);
+                                fenced
+                            }
+                            Err(stale) => {
+                                // The client gave up on this handshake long ago.
+                                self.node.clients().disconnect(client_id);
+                                let message = stale.to_string();
+                                let status = Status::NotAuthenticated;
+                                encode_error(&mut self.out, op as u8, id, status, &message);
+                                return self.refuse(op, status, &message);
+                            }
+                        }
+                    }
+                };
+                if fenced.iter().all(|gate| gate.is_idle()) {
+                    self.out.extend_from_slice(&reply);
+                    self.phase = Phase::Ready { client_id, client };
+                } else {
+                    self.phase = Phase::Fencing { client_id, client };
+                    self.answer_when_idle(fenced, reply);
                 }
+                Status::Ok
             }
-            (Phase::AwaitHello | Phase::AwaitAuth { .. }, _) => {
+            (Phase::AwaitHello | Phase::AwaitAuth { .. } | Phase::Fencing { .. }, _) => {
                 encode_error(
                     &mut self.out,
                     op as u8,
@@ -416,15 +471,23 @@ impl Connection {
                 return self.refuse(op, Status::NotAuthenticated, "request before authentication");
             }
             (Phase::Ready { client, .. }, request) => {
+                // Held until the request has taken effect, wherever it runs.
+                let busy = match self.session.as_ref().map(|s| s.gate().enter()) {
+                    Some(None) => return Err(Closed::Fenced),
+                    Some(busy) => busy,
+                    None => None,
+                };
                 if forward::is_forwarded(&request) {
-                    self.spawn_forwarded(client.clone(), request, id, started);
+                    self.spawn_forwarded(client.clone(), request, id, started, busy);
                     return Ok(());
                 }
                 if cmd::is_slow(&request) && self.slow_in_flight < MAX_SLOW_IN_FLIGHT {
-                    self.spawn_slow(client.clone(), request, id, started);
+                    self.spawn_slow(client.clone(), request, id, started, busy);
                     return Ok(());
                 }
-                cmd::execute(&self.node, client, request, id, &mut self.out)
+                let status = cmd::execute(&self.node, client, request, id, &mut self.out);
+                drop(busy);
+                status
             }
         };
         self.node.metrics().request(op, status, started.elapsed().as_secs_f64());
@@ -445,6 +508,7 @@ impl Connection {
         request: Request,
         id: u64,
         started: Instant,
+        busy: Option<Busy>,
     ) {
         self.slow_in_flight += 1;
         let node = self.node.clone();
@@ -453,6 +517,7 @@ impl Connection {
             let op = request.op();
             let mut out = BytesMut::new();
             let status = cmd::execute(&node, &client, request, id, &mut out);
+            drop(busy);
             node.metrics().request(op, status, started.elapsed().as_secs_f64());
             // The connection may have closed meanwhile; then the reply has nowhere to go.
             let _ = done.send((Lane::Slow, out));
@@ -464,8 +529,29 @@ impl Connection {
         match lane {
             Lane::Slow => self.slow_in_flight -= 1,
             Lane::Forwarded => self.forwarded_in_flight -= 1,
+            Lane::Fence => {
+                self.phase = match std::mem::replace(&mut self.phase, Phase::AwaitHello) {
+                    Phase::Fencing { client_id, client } => Phase::Ready { client_id, client },
+                    other => other,
+                };
+            }
         }
         self.out.extend_from_slice(&reply);
+    }
+
+    /// Sends the AUTH reply once the connections this one fenced have finished the
+    /// requests they were running (bounded by the handshake timeout: past it the
+    /// connection closes unanswered, and the client tries again).
+    fn answer_when_idle(&mut self, fenced: Vec<Arc<Gate>>, reply: BytesMut) {
+        tracing::debug!(peer = %self.peer, connections = fenced.len(), "waiting for fenced requests");
+        let done = self.slow_done.clone();
+        tokio::spawn(async move {
+            for gate in &fenced {
+                gate.idle().await;
+            }
+            // The connection may have closed meanwhile; then the reply has nowhere to go.
+            let _ = done.send((Lane::Fence, reply));
+        });
     }
 
     /// Runs a request on a cluster pool as a tokio task: it waits on other nodes, and
@@ -476,6 +562,7 @@ impl Connection {
         request: Request,
         id: u64,
         started: Instant,
+        busy: Option<Busy>,
     ) {
         self.forwarded_in_flight += 1;
         let node = self.node.clone();
@@ -484,6 +571,7 @@ impl Connection {
             ForwardedReply { done: self.slow_done.clone(), op, id, out: BytesMut::new() };
         tokio::spawn(async move {
             let status = forward::execute(&node, &client, request, id, &mut reply.out).await;
+            drop(busy);
             node.metrics().request(op, status, started.elapsed().as_secs_f64());
         });
     }

@@ -30,6 +30,7 @@ pub mod clients;
 mod cmd;
 pub mod config;
 mod connection;
+mod fence;
 mod forward;
 pub mod lending;
 mod membership;

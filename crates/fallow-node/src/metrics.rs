@@ -93,6 +93,8 @@ pub struct Metrics {
     pub connections: Gauge,
     /// Connections accepted since start.
     pub connections_total: Counter,
+    /// Connections closed because a newer connection of their client's session fenced them.
+    pub fenced_connections: Counter,
     rejections: Family<Kind, Counter>,
     reloads: Family<Outcome, Counter>,
     engine: EngineGauges,
@@ -182,6 +184,7 @@ impl Metrics {
         let pages = Family::<PageResult, Counter>::default();
         let connections = Gauge::default();
         let connections_total = Counter::default();
+        let fenced_connections = Counter::default();
         let rejections = Family::<Kind, Counter>::default();
         let reloads = Family::<Outcome, Counter>::default();
         let engine = EngineGauges::default();
@@ -211,6 +214,8 @@ impl Metrics {
              "Open client connections"),
             ("connections_accepted", connections_total,
              "Connections accepted"),
+            ("fenced_connections", fenced_connections,
+             "Connections stopped by a newer connection of their client, which gave up on their requests"),
             ("protocol_errors", rejections,
              "Bad input and misbehaving peers, by kind (bad_frame, malformed, auth_failed, ...)"),
             ("config_reloads", reloads,
@@ -315,6 +320,7 @@ impl Metrics {
             page_handles,
             connections,
             connections_total,
+            fenced_connections,
             rejections,
             reloads,
             engine,
@@ -502,6 +508,7 @@ mod tests {
             "fallow_node_requests_total{op=\"get\",status=\"ok\"} 0",
             "# TYPE fallow_node_request_duration_seconds histogram",
             "# TYPE fallow_node_connections_accepted counter",
+            "fallow_node_fenced_connections_total 0",
             "# HELP fallow_node_lent_bytes The lent budget.",
             "# TYPE fallow_node_lent_bytes gauge",
             "# TYPE fallow_node_compressed_space_bytes gauge",
@@ -526,6 +533,6 @@ mod tests {
             assert!(text.lines().any(|l| l == line), "no line {line:?} in\n{text}");
         }
         // Every metric once, none lost or doubled (a new metric raises this count).
-        assert_eq!(text.matches("# TYPE ").count(), 43, "{text}");
+        assert_eq!(text.matches("# TYPE ").count(), 44, "{text}");
     }
 }

@@ -10,6 +10,7 @@ use fallow_pool::Engine;
 
 use crate::clients::Clients;
 use crate::config::NodeConfig;
+use crate::fence::Sessions;
 use crate::forward::Forwarder;
 use crate::lending::{Governor, GovernorError, GovernorHandle, GovernorStatus, LendMode};
 use crate::metrics::Metrics;
@@ -32,6 +33,8 @@ pub struct Node {
     forwarder: Forwarder,
     /// The content summary for clients that dedup across nodes (`summary.rs`).
     summaries: Summaries,
+    /// Every client's session, for fencing (`fence.rs`).
+    sessions: Sessions,
     started: Instant,
     /// `--state-dir`, where the state file is kept (`recovery.rs`); the mutex makes its
     /// rewrites one at a time, so the last one written is the newest state.
@@ -66,6 +69,7 @@ impl Node {
             cluster: OnceLock::new(),
             forwarder: Forwarder::default(),
             summaries,
+            sessions: Sessions::default(),
             started: Instant::now(),
             state_dir: None,
         }
@@ -113,6 +117,11 @@ impl Node {
     /// The clients and their pools.
     pub fn clients(&self) -> &Clients {
         &self.clients
+    }
+
+    /// Every client's session (`fence.rs`).
+    pub(crate) fn sessions(&self) -> &Sessions {
+        &self.sessions
     }
 
     /// The metrics.

@@ -13,7 +13,7 @@ use fallow_core::{
     Lookup, NotStored, PageKey, PageStore, PoolId, PoolSpec, PutOutcome, StoreError, PAGE_SIZE,
 };
 use proptest::prelude::*;
-use support::{page, CutProxy, Options, TestNode, SECRET};
+use support::{page, CutProxy, HoldProxy, Options, TestNode, SECRET};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_operation_over_the_wire() {
@@ -195,6 +195,34 @@ fn a_cut_connection_is_reopened_and_finds_the_same_pools() {
     let mut out = vec![0u8; PAGE_SIZE];
     assert_eq!(client.get(key, &mut out).unwrap(), Lookup::Hit);
     assert_eq!(out, page(12));
+}
+
+/// A PUT the client gave up on reaches the node late, after the client's next PUT of the
+/// page (a proxy holds it back, as a stalled network or a starved node would): the
+/// connection that carried the next PUT fenced the old one, so the late PUT never runs
+/// and the page keeps the newer data.
+#[test]
+fn a_put_given_up_on_never_overwrites_a_later_put() {
+    let node = TestNode::start();
+    let proxy = HoldProxy::start(node.addr);
+    let config = ClientConfig::new(&proxy.addr.to_string(), SECRET.to_vec())
+        .unwrap()
+        .timeout(Duration::from_millis(300));
+    let client = BlockingClient::connect(config).unwrap();
+    let pool = client.create_pool(&PoolSpec::persistent()).unwrap();
+    let key = PageKey::new(pool, 1, 2);
+    assert_eq!(client.put(key, &page(1)).unwrap(), PutOutcome::Stored);
+    proxy.hold();
+    let err = client.put(key, &page(2)).unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable(_)), "the held put times out: {err:?}");
+    proxy.pass();
+    assert_eq!(client.put(key, &page(3)).unwrap(), PutOutcome::Stored);
+    assert_eq!(proxy.release(), 1, "the put given up on was held");
+    let mut out = vec![0u8; PAGE_SIZE];
+    assert_eq!(client.get(key, &mut out).unwrap(), Lookup::Hit);
+    assert!(out == page(3), "the late put overwrote the later one ({})", out == page(2));
+    let counted = || node.node.metrics().fenced_connections.get() == 1;
+    assert!(fallow_testkit::process::poll_until(Duration::from_secs(5), counted));
 }
 
 #[test]

@@ -2,7 +2,8 @@
 //! lengths, truncated frames, unknown ops, wrong page counts, requests before
 //! authentication, a wrong secret, peers that never finish the handshake or never read
 //! their replies. Each gets an error status or a closed connection, is counted, and the
-//! node goes on serving everyone else.
+//! node goes on serving everyone else. Connections their client gave up on are fenced by
+//! its next one: whatever they send later never runs.
 
 use fallow_testkit::node as support;
 
@@ -15,7 +16,7 @@ use fallow_client::BlockingClient;
 use fallow_core::{PageKey, PageStore, PoolId, PoolSpec, PAGE_SIZE};
 use fallow_proto::fallow::auth::Transcript;
 use fallow_proto::fallow::frame::{decode, encode};
-use fallow_proto::fallow::{Hello, Op, PageRef, Reply, Request, Status, VERSION};
+use fallow_proto::fallow::{Hello, Op, PageRef, Reply, Request, Session, Status, VERSION};
 use support::{page, Options, TestNode, SECRET};
 
 /// A connection that speaks raw frames.
@@ -33,9 +34,18 @@ impl Raw {
 
     /// Connects and authenticates with `secret`.
     fn authenticated(node: &TestNode) -> Raw {
+        let mut raw = Raw::authenticating(node, None);
+        assert!(matches!(raw.reply(Op::Auth, 0).1, Reply::Auth { .. }));
+        raw
+    }
+
+    /// Connects, as a connection of `session` if given, and sends HELLO and AUTH; the
+    /// AUTH reply is left to read.
+    fn authenticating(node: &TestNode, session: Option<Session>) -> Raw {
         let mut raw = Raw::connect(node);
+        let name = "raw".into();
         let hello =
-            Hello { version_min: VERSION, version_max: VERSION, client_id: 77, name: "raw".into() };
+            Hello { version_min: VERSION, version_max: VERSION, client_id: 77, name, session };
         raw.send(&Request::Hello(hello), 1);
         let Reply::Hello(reply) = raw.reply(Op::Hello, 0).1 else { panic!("no hello reply") };
         let transcript = Transcript {
@@ -48,7 +58,6 @@ impl Raw {
             &Request::Auth { client_nonce: [5; 32], proof: transcript.client_proof(SECRET) },
             2,
         );
-        assert!(matches!(raw.reply(Op::Auth, 0).1, Reply::Auth { .. }));
         raw
     }
 
@@ -227,7 +236,8 @@ fn unknown_ops_and_malformed_bodies_keep_the_connection_usable() {
     raw.send(&Request::Get { pool: PoolId(999), pages: vec![PageRef { object: 0, index: 0 }] }, 13);
     assert_eq!(status_of(&raw.reply(Op::Get, 1).1), Status::UnknownPool);
     // HELLO again after authentication: MALFORMED, connection stays.
-    let hello = Hello { version_min: 1, version_max: 1, client_id: 1, name: String::new() };
+    let hello =
+        Hello { version_min: 1, version_max: 1, client_id: 1, name: String::new(), session: None };
     raw.send(&Request::Hello(hello), 14);
     assert_eq!(status_of(&raw.reply(Op::Hello, 0).1), Status::Malformed);
     // And the connection still works.
@@ -250,7 +260,8 @@ fn requests_before_authentication_close_the_connection() {
 
     // After HELLO, anything but AUTH closes too.
     let mut raw = Raw::connect(&node);
-    let hello = Hello { version_min: 1, version_max: 1, client_id: 3, name: "x".into() };
+    let hello =
+        Hello { version_min: 1, version_max: 1, client_id: 3, name: "x".into(), session: None };
     raw.send(&Request::Hello(hello), 1);
     let _ = raw.reply(Op::Hello, 0);
     raw.send(&Request::Get { pool: PoolId(0), pages: vec![PageRef { object: 0, index: 0 }] }, 2);
@@ -262,7 +273,8 @@ fn requests_before_authentication_close_the_connection() {
 fn a_wrong_proof_or_version_is_refused_and_closed() {
     let node = TestNode::start();
     let mut raw = Raw::connect(&node);
-    let hello = Hello { version_min: 1, version_max: 1, client_id: 3, name: "x".into() };
+    let hello =
+        Hello { version_min: 1, version_max: 1, client_id: 3, name: "x".into(), session: None };
     raw.send(&Request::Hello(hello), 1);
     let _ = raw.reply(Op::Hello, 0);
     raw.send(&Request::Auth { client_nonce: [1; 32], proof: [2; 32] }, 2);
@@ -270,7 +282,13 @@ fn a_wrong_proof_or_version_is_refused_and_closed() {
     assert!(raw.closed());
 
     let mut raw = Raw::connect(&node);
-    let hello = Hello { version_min: 7, version_max: 9, client_id: 3, name: "future".into() };
+    let hello = Hello {
+        version_min: 7,
+        version_max: 9,
+        client_id: 3,
+        name: "future".into(),
+        session: None,
+    };
     raw.send(&Request::Hello(hello), 1);
     assert_eq!(raw.reply(Op::Hello, 0).1, Reply::VersionMismatch { min: VERSION, max: VERSION });
     assert!(raw.closed());
@@ -413,7 +431,13 @@ fn a_hello_with_fields_from_a_later_version_is_still_understood() {
     let node = TestNode::start();
     let mut raw = Raw::connect(&node);
     let mut buf = BytesMut::new();
-    let hello = Hello { version_min: 1, version_max: 3, client_id: 9, name: "future".into() };
+    let hello = Hello {
+        version_min: 1,
+        version_max: 3,
+        client_id: 9,
+        name: "future".into(),
+        session: None,
+    };
     Request::Hello(hello).encode(1, &mut buf);
     // Append 8 bytes a later version might define, and patch the length.
     buf.extend_from_slice(&[0xee; 8]);
@@ -434,4 +458,48 @@ fn a_first_frame_that_is_not_hello_is_not_authenticated_and_echoes_its_op() {
     let frame = raw.frame().unwrap();
     assert_eq!((frame.op, frame.id, frame.status), (0x55, 4, Status::NotAuthenticated as u8));
     assert!(raw.closed());
+}
+
+/// A connection of a session that a newer one fences: what it sends afterwards never
+/// runs and it is closed; the session's other connections above the fence, and the
+/// client's connections outside the session, go on; a connection that joins below the
+/// fence is refused.
+#[test]
+fn a_fenced_connection_runs_nothing_more() {
+    let node = TestNode::start();
+    let session = |epoch, fence_below| Some(Session { id: 41, epoch, fence_below });
+    let authenticated = |session| {
+        let mut raw = Raw::authenticating(&node, session);
+        assert!(matches!(raw.reply(Op::Auth, 0).1, Reply::Auth { .. }));
+        raw
+    };
+    let (mut old, mut outside) = (authenticated(session(1, 0)), authenticated(None));
+    let pages = vec![PageRef { object: 1, index: 2 }];
+    let put = |seed| Request::Put {
+        pool: PoolId(0),
+        pages: pages.clone(),
+        data: Bytes::from(page(seed)),
+    };
+    old.send(&Request::CreatePool(PoolSpec::persistent()), 3);
+    assert_eq!(old.reply(Op::CreatePool, 0).1, Reply::Pool(PoolId(0)));
+    old.send(&put(1), 4);
+    assert!(matches!(old.reply(Op::Put, 1).1, Reply::Put(_)));
+
+    let mut new = authenticated(session(2, 2));
+    old.send(&put(2), 5);
+    assert!(old.closed(), "a fenced connection is closed");
+    // Counted once the connection's task has ended, just after the close.
+    let counted = || node.node.metrics().fenced_connections.get() == 1;
+    assert!(fallow_testkit::process::poll_until(Duration::from_secs(5), counted));
+    for (raw, id) in [(&mut new, 6), (&mut outside, 7)] {
+        raw.send(&Request::Get { pool: PoolId(0), pages: pages.clone() }, id);
+        let Reply::Pages { found, data } = raw.reply(Op::Get, 1).1 else { panic!("no pages") };
+        assert_eq!(found, [true]);
+        assert!(data[..] == page(1)[..], "the put sent after the fence ran");
+    }
+
+    let mut stale = Raw::authenticating(&node, session(1, 0));
+    assert_eq!(status_of(&stale.reply(Op::Auth, 0).1), Status::NotAuthenticated);
+    assert!(stale.closed(), "a connection below the fence is refused");
+    node_still_serves(&node);
 }

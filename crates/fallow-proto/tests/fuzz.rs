@@ -6,7 +6,7 @@
 use bytes::{Bytes, BytesMut};
 use fallow_core::{DedupScope, PoolId, PoolKind, PoolSpec, Sharing, TrustDomain, PAGE_SIZE};
 use fallow_proto::fallow::frame::decode;
-use fallow_proto::fallow::{Hello, Op, PageRef, Reply, Request, MAX_BATCH};
+use fallow_proto::fallow::{Hello, Op, PageRef, Reply, Request, Session, MAX_BATCH};
 use proptest::prelude::*;
 
 fn cases(default: u32) -> ProptestConfig {
@@ -54,14 +54,20 @@ fn spec() -> impl Strategy<Value = PoolSpec> {
 fn request() -> impl Strategy<Value = Request> {
     let pool = any::<u32>().prop_map(PoolId);
     prop_oneof![
-        (any::<u16>(), any::<u16>(), any::<u128>(), "[a-z0-9-]{0,64}").prop_map(
-            |(a, b, client_id, name)| Request::Hello(Hello {
+        (
+            any::<u16>(),
+            any::<u16>(),
+            any::<u128>(),
+            "[a-z0-9-]{0,64}",
+            proptest::option::of(any::<(u64, u32, u32)>())
+        )
+            .prop_map(|(a, b, client_id, name, session)| Request::Hello(Hello {
                 version_min: a.min(b),
                 version_max: a.max(b),
                 client_id,
-                name
-            })
-        ),
+                name,
+                session: session.map(|(id, epoch, fence_below)| Session { id, epoch, fence_below }),
+            })),
         (any::<[u8; 32]>(), any::<[u8; 32]>())
             .prop_map(|(client_nonce, proof)| Request::Auth { client_nonce, proof }),
         Just(Request::Ping),

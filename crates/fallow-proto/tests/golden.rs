@@ -10,7 +10,7 @@ use fallow_core::{
 use fallow_proto::fallow::frame::decode;
 use fallow_proto::fallow::{
     encode_pages_with, Hello, HelloReply, MemberInfo, MemberState, Op, PageRef, Reply, Request,
-    StatEntry, Status, SummaryChunk,
+    Session, StatEntry, Status, SummaryChunk,
 };
 
 mod seeds;
@@ -67,8 +67,30 @@ fn hello() {
         version_max: 1,
         client_id: u128::from_le_bytes([0x11; 16]),
         name: "vm1".into(),
+        session: None,
     };
-    check_request(Request::Hello(hello), 1, frame(0x01, 0, 1, &body));
+    check_request(Request::Hello(hello.clone()), 1, frame(0x01, 0, 1, &body));
+
+    // A session after the name: id, epoch, fence_below.
+    body.extend(0x0102_0304_0506_0708u64.to_le_bytes());
+    body.extend([5, 0, 0, 0, 4, 0, 0, 0]);
+    let session = Some(Session { id: 0x0102_0304_0506_0708, epoch: 5, fence_below: 4 });
+    let with_session = Hello { session, ..hello.clone() };
+    check_request(Request::Hello(with_session.clone()), 1, frame(0x01, 0, 1, &body));
+
+    // Bytes after the session are a later version's fields: ignored. Fewer than a
+    // session's 16 are no session.
+    let mut longer = body.clone();
+    longer.extend([0xee; 5]);
+    let parsed = Request::parse(
+        decode(&mut BytesMut::from(&frame(0x01, 0, 1, &longer)[..])).unwrap().unwrap(),
+    );
+    assert_eq!(parsed.unwrap(), Request::Hello(with_session));
+    let short = &body[..body.len() - 1];
+    let parsed = Request::parse(
+        decode(&mut BytesMut::from(&frame(0x01, 0, 1, short)[..])).unwrap().unwrap(),
+    );
+    assert_eq!(parsed.unwrap(), Request::Hello(hello));
 }
 
 #[test]

@@ -224,6 +224,167 @@ impl Drop for CutProxy {
     }
 }
 
+/// A TCP proxy on 127.0.0.1 in front of a node that can hold back what clients send, as a
+/// stalled network or a starved node would: bytes sent while it holds stay in the proxy
+/// (their connection's close too) until [`HoldProxy::release`] delivers them late.
+pub struct HoldProxy {
+    /// Where clients connect to reach the node.
+    pub addr: SocketAddr,
+    holding: Arc<std::sync::atomic::AtomicBool>,
+    held: Arc<std::sync::Mutex<Vec<Arc<std::sync::Mutex<HeldConnection>>>>>,
+    streams: Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// What one connection sent while the proxy held it.
+struct HeldConnection {
+    upstream: std::net::TcpStream,
+    bytes: Vec<u8>,
+    /// The client closed its side meanwhile.
+    closed: bool,
+    /// Delivered: later bytes go straight through.
+    released: bool,
+    /// Signalled when the node closes its side.
+    node_closed: std::sync::mpsc::Receiver<()>,
+}
+
+impl HoldProxy {
+    /// A proxy to `target` on a free port, passing everything through.
+    pub fn start(target: SocketAddr) -> HoldProxy {
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let proxy = HoldProxy {
+            addr,
+            holding: Arc::default(),
+            held: Arc::default(),
+            streams: Arc::default(),
+            stop: Arc::default(),
+        };
+        let (holding, held, streams, stop) =
+            (proxy.holding.clone(), proxy.held.clone(), proxy.streams.clone(), proxy.stop.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                if stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                let Ok(client) = client else { continue };
+                let Ok(upstream) = std::net::TcpStream::connect(target) else { continue };
+                let _ = client.set_nodelay(true);
+                let _ = upstream.set_nodelay(true);
+                streams
+                    .lock()
+                    .unwrap()
+                    .extend([client.try_clone().unwrap(), upstream.try_clone().unwrap()]);
+                let (node_closed_tx, node_closed) = std::sync::mpsc::channel();
+                let (mut down_from, mut down_to) =
+                    (upstream.try_clone().unwrap(), client.try_clone().unwrap());
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut down_from, &mut down_to);
+                    let _ = down_to.shutdown(std::net::Shutdown::Both);
+                    let _ = node_closed_tx.send(());
+                });
+                let (holding, held) = (holding.clone(), held.clone());
+                std::thread::spawn(move || {
+                    hold_or_forward(client, upstream, node_closed, &holding, &held)
+                });
+            }
+        });
+        proxy
+    }
+
+    /// From now on, bytes clients send are held back.
+    pub fn hold(&self) {
+        self.holding.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Bytes sent from now on pass; those held stay held.
+    pub fn pass(&self) {
+        self.holding.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Delivers what was held (and the closes that came after it), then waits until the
+    /// node has closed each of those connections (at most 10 s each). Returns how many
+    /// connections had bytes held.
+    pub fn release(&self) -> usize {
+        self.pass();
+        let held: Vec<_> = self.held.lock().unwrap().drain(..).collect();
+        for connection in &held {
+            let mut connection = connection.lock().unwrap();
+            use std::io::Write;
+            let bytes = std::mem::take(&mut connection.bytes);
+            // The node may have closed this connection already: then the bytes are lost.
+            let _ = connection.upstream.write_all(&bytes);
+            if connection.closed {
+                let _ = connection.upstream.shutdown(std::net::Shutdown::Write);
+            }
+            connection.released = true;
+        }
+        for connection in &held {
+            let connection = connection.lock().unwrap();
+            let _ = connection.node_closed.recv_timeout(Duration::from_secs(10));
+        }
+        held.len()
+    }
+}
+
+/// Copies one connection's client bytes to the node, or holds them (see [`HoldProxy`]).
+fn hold_or_forward(
+    mut client: std::net::TcpStream,
+    mut upstream: std::net::TcpStream,
+    node_closed: std::sync::mpsc::Receiver<()>,
+    holding: &std::sync::atomic::AtomicBool,
+    held: &std::sync::Mutex<Vec<Arc<std::sync::Mutex<HeldConnection>>>>,
+) {
+    use std::io::{Read, Write};
+    let mut node_closed = Some(node_closed);
+    let mut mine: Option<Arc<std::sync::Mutex<HeldConnection>>> = None;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = client.read(&mut buf).unwrap_or(0);
+        if mine.is_none() && n > 0 && holding.load(std::sync::atomic::Ordering::SeqCst) {
+            let connection = HeldConnection {
+                upstream: upstream.try_clone().unwrap(),
+                bytes: Vec::new(),
+                closed: false,
+                released: false,
+                node_closed: node_closed.take().unwrap(),
+            };
+            let connection = Arc::new(std::sync::Mutex::new(connection));
+            held.lock().unwrap().push(connection.clone());
+            mine = Some(connection);
+        }
+        if let Some(connection) = &mine {
+            let mut connection = connection.lock().unwrap();
+            if !connection.released {
+                match n {
+                    0 => connection.closed = true,
+                    n => connection.bytes.extend_from_slice(&buf[..n]),
+                }
+                if n == 0 {
+                    return;
+                }
+                continue;
+            }
+        }
+        if n == 0 || upstream.write_all(&buf[..n]).is_err() {
+            let _ = upstream.shutdown(std::net::Shutdown::Write);
+            return;
+        }
+    }
+}
+
+impl Drop for HoldProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for stream in self.streams.lock().unwrap().drain(..) {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
+        // Wake the accept loop so it sees the stop flag.
+        let _ = std::net::TcpStream::connect(self.addr);
+    }
+}
+
 /// A node that gossips, joining `join` (gossip addresses).
 pub fn gossiping(join: Vec<String>) -> TestNode {
     gossiping_with(join, Default::default())

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bytes::BytesMut;
 use fallow_proto::fallow::auth::Transcript;
-use fallow_proto::fallow::{encode_error, Hello, HelloReply, Op, Reply, Status, VERSION};
+use fallow_proto::fallow::{encode_error, Hello, HelloReply, Op, Reply, Session, Status, VERSION};
 
 use crate::clients::Client;
 use crate::node::Node;
@@ -23,7 +23,12 @@ pub(crate) enum Phase {
         challenge: [u8; 32],
         client_id: u128,
         name: String,
+        /// Where the connection stands in its client's session (`fence.rs`).
+        session: Option<Session>,
     },
+    /// Authenticated, its AUTH reply held back until the older connections of its session
+    /// it fences have finished the requests they were running (`fence.rs`).
+    Fencing { client_id: u128, client: Arc<Client> },
     /// Authenticated as this client.
     Ready { client_id: u128, client: Arc<Client> },
 }
@@ -52,11 +57,13 @@ pub(crate) fn hello(
         challenge,
         client_id: hello.client_id,
         name: hello.name,
+        session: hello.session,
     })
 }
 
-/// Checks an AUTH. On success the connection is registered as one of the client's and the
-/// node's own proof is sent; on failure AUTH_FAILED is sent and the node closes.
+/// Checks an AUTH. On success the connection is registered as one of the client's, the
+/// node's own proof is encoded into `out` and the client returned; on failure AUTH_FAILED
+/// is encoded and the node closes.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn auth(
     node: &Node,
@@ -67,7 +74,7 @@ pub(crate) fn auth(
     proof: &[u8; 32],
     id: u64,
     out: &mut BytesMut,
-) -> Result<Phase, Status> {
+) -> Result<Arc<Client>, Status> {
     let transcript = Transcript { version, challenge, client_nonce, client_id };
     let secret = &node.config().secret;
     if !transcript.verify_client(secret, proof) {
@@ -75,6 +82,5 @@ pub(crate) fn auth(
         return Err(Status::AuthFailed);
     }
     Reply::Auth { proof: transcript.node_proof(secret) }.encode(Op::Auth, id, out);
-    let client = node.clients().connect(client_id);
-    Ok(Phase::Ready { client_id, client })
+    Ok(node.clients().connect(client_id))
 }

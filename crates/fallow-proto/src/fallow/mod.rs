@@ -32,7 +32,7 @@ pub use frame::{Frame, FrameError, FrameWriter};
 pub use members::{MemberInfo, MemberState, MAX_MEMBERS, MEMBER_ENTRY_LEN};
 pub use op::{Op, Status};
 pub use reply::{encode_error, encode_pages_with, HelloReply, Reply, StatEntry, SummaryChunk};
-pub use request::{Hello, PageRef, Request};
+pub use request::{Hello, PageRef, Request, Session, SESSION_LEN};
 pub use wire::BodyError;
 
 /// The protocol version this crate speaks. A node and a client agree on the highest

@@ -38,7 +38,27 @@ pub struct Hello {
     pub client_id: u128,
     /// A name for the node's logs (host name, program), at most 64 bytes of UTF-8.
     pub name: String,
+    /// The connection's place in its client's session, appended after `name`: absent in
+    /// a HELLO of an older client (the node then fences nothing for it).
+    pub session: Option<Session>,
 }
+
+/// Where a connection stands in its client's session (docs/protocol.md, §3.4): a client
+/// that gave up on a request has its older connections fenced by the next one it opens, so
+/// that the request cannot take effect after the client's later requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Session {
+    /// Random per client object, so that two processes sharing a client id stay apart.
+    pub id: u64,
+    /// This connection's number in the session, counting up from 1.
+    pub epoch: u32,
+    /// The node stops every connection of the session numbered below this, and waits for
+    /// the requests they are running, before it answers AUTH.
+    pub fence_below: u32,
+}
+
+/// The length of a [`Session`] on the wire.
+pub const SESSION_LEN: usize = 16;
 
 /// A page inside the pool a batch names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -170,6 +190,11 @@ impl Request {
                 buf.put_u128_le(hello.client_id);
                 buf.put_u8(hello.name.len() as u8);
                 buf.put_slice(hello.name.as_bytes());
+                if let Some(session) = hello.session {
+                    buf.put_u64_le(session.id);
+                    buf.put_u32_le(session.epoch);
+                    buf.put_u32_le(session.fence_below);
+                }
             }
             Request::Auth { client_nonce, proof } => {
                 buf.put_slice(client_nonce);
@@ -227,9 +252,24 @@ impl Request {
                 }
                 let name = String::from_utf8(r.bytes(len, "name")?.to_vec())
                     .map_err(|_| BodyError::Invalid("name: not UTF-8"))?;
-                // Later versions may append fields to HELLO; a node reads what it knows
-                // and ignores the rest, so it can still answer with its version range.
-                return Ok(Request::Hello(Hello { version_min, version_max, client_id, name }));
+                // The session follows the name. Later versions may append more fields; a
+                // node reads what it knows and ignores the rest, so it can still answer
+                // with its version range. Fewer bytes than a session are no session.
+                let session = match r.remaining() >= SESSION_LEN {
+                    true => Some(Session {
+                        id: r.u64("session id")?,
+                        epoch: r.u32("session epoch")?,
+                        fence_below: r.u32("session fence")?,
+                    }),
+                    false => None,
+                };
+                return Ok(Request::Hello(Hello {
+                    version_min,
+                    version_max,
+                    client_id,
+                    name,
+                    session,
+                }));
             }
             Op::Auth => {
                 Request::Auth { client_nonce: r.array("client_nonce")?, proof: r.array("proof")? }
