@@ -164,63 +164,89 @@ pub fn assert_pages(got: &[Option<bytes::Bytes>], data: &bytes::Bytes, what: &st
     }
 }
 
-/// A TCP proxy on 127.0.0.1 in front of a node, whose connections a test can cut.
-pub struct CutProxy {
-    /// Where clients connect to reach the node.
-    pub addr: SocketAddr,
+/// A TCP proxy's accept loop on 127.0.0.1, shared by the proxies below: each client gets a
+/// connection of its own to the target, both ends with TCP_NODELAY and kept so that they
+/// can be cut, handed to the proxy's `serve`. Dropped, it stops and cuts them all.
+struct Listening {
+    addr: SocketAddr,
     streams: Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
     stop: Arc<std::sync::atomic::AtomicBool>,
 }
 
-impl CutProxy {
-    /// A proxy to `target` on a free port.
-    pub fn start(target: SocketAddr) -> CutProxy {
-        use std::sync::atomic::Ordering;
+impl Listening {
+    fn start(
+        target: SocketAddr,
+        serve: impl Fn(std::net::TcpStream, std::net::TcpStream) + Send + 'static,
+    ) -> Listening {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let streams: Arc<std::sync::Mutex<Vec<std::net::TcpStream>>> = Arc::default();
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (kept, stopping) = (streams.clone(), stop.clone());
+        let listening = Listening {
+            addr: listener.local_addr().unwrap(),
+            streams: Arc::default(),
+            stop: Arc::default(),
+        };
+        let (streams, stop) = (listening.streams.clone(), listening.stop.clone());
         std::thread::spawn(move || {
             for client in listener.incoming() {
-                if stopping.load(Ordering::Relaxed) {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
                     return;
                 }
                 let Ok(client) = client else { continue };
                 let Ok(upstream) = std::net::TcpStream::connect(target) else { continue };
                 let _ = client.set_nodelay(true);
                 let _ = upstream.set_nodelay(true);
-                kept.lock()
+                streams
+                    .lock()
                     .unwrap()
                     .extend([client.try_clone().unwrap(), upstream.try_clone().unwrap()]);
-                for (mut from, mut to) in [
-                    (client.try_clone().unwrap(), upstream.try_clone().unwrap()),
-                    (upstream, client),
-                ] {
-                    std::thread::spawn(move || {
-                        let _ = std::io::copy(&mut from, &mut to);
-                        let _ = to.shutdown(std::net::Shutdown::Both);
-                    });
-                }
+                serve(client, upstream);
             }
         });
-        CutProxy { addr, streams, stop }
+        listening
     }
 
-    /// Closes every connection open through the proxy (new ones still work).
-    pub fn cut(&self) {
+    /// Closes every connection made so far (new ones still work).
+    fn cut(&self) {
         for stream in self.streams.lock().unwrap().drain(..) {
             let _ = stream.shutdown(std::net::Shutdown::Both);
         }
     }
 }
 
-impl Drop for CutProxy {
+impl Drop for Listening {
     fn drop(&mut self) {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         self.cut();
         // Wake the accept loop so it sees the stop flag.
         let _ = std::net::TcpStream::connect(self.addr);
+    }
+}
+
+/// A TCP proxy on 127.0.0.1 in front of a node, whose connections a test can cut.
+pub struct CutProxy {
+    /// Where clients connect to reach the node.
+    pub addr: SocketAddr,
+    listening: Listening,
+}
+
+impl CutProxy {
+    /// A proxy to `target` on a free port.
+    pub fn start(target: SocketAddr) -> CutProxy {
+        let listening = Listening::start(target, |client, upstream| {
+            for (mut from, mut to) in
+                [(client.try_clone().unwrap(), upstream.try_clone().unwrap()), (upstream, client)]
+            {
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from, &mut to);
+                    let _ = to.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        });
+        CutProxy { addr: listening.addr, listening }
+    }
+
+    /// Closes every connection open through the proxy (new ones still work).
+    pub fn cut(&self) {
+        self.listening.cut();
     }
 }
 
@@ -232,8 +258,7 @@ pub struct HoldProxy {
     pub addr: SocketAddr,
     holding: Arc<std::sync::atomic::AtomicBool>,
     held: Arc<std::sync::Mutex<Vec<Arc<std::sync::Mutex<HeldConnection>>>>>,
-    streams: Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
-    stop: Arc<std::sync::atomic::AtomicBool>,
+    _listening: Listening,
 }
 
 /// What one connection sent while the proxy held it.
@@ -251,46 +276,24 @@ struct HeldConnection {
 impl HoldProxy {
     /// A proxy to `target` on a free port, passing everything through.
     pub fn start(target: SocketAddr) -> HoldProxy {
-        use std::sync::atomic::Ordering;
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let proxy = HoldProxy {
-            addr,
-            holding: Arc::default(),
-            held: Arc::default(),
-            streams: Arc::default(),
-            stop: Arc::default(),
-        };
-        let (holding, held, streams, stop) =
-            (proxy.holding.clone(), proxy.held.clone(), proxy.streams.clone(), proxy.stop.clone());
-        std::thread::spawn(move || {
-            for client in listener.incoming() {
-                if stop.load(Ordering::Relaxed) {
-                    return;
-                }
-                let Ok(client) = client else { continue };
-                let Ok(upstream) = std::net::TcpStream::connect(target) else { continue };
-                let _ = client.set_nodelay(true);
-                let _ = upstream.set_nodelay(true);
-                streams
-                    .lock()
-                    .unwrap()
-                    .extend([client.try_clone().unwrap(), upstream.try_clone().unwrap()]);
-                let (node_closed_tx, node_closed) = std::sync::mpsc::channel();
-                let (mut down_from, mut down_to) =
-                    (upstream.try_clone().unwrap(), client.try_clone().unwrap());
-                std::thread::spawn(move || {
-                    let _ = std::io::copy(&mut down_from, &mut down_to);
-                    let _ = down_to.shutdown(std::net::Shutdown::Both);
-                    let _ = node_closed_tx.send(());
-                });
-                let (holding, held) = (holding.clone(), held.clone());
-                std::thread::spawn(move || {
-                    hold_or_forward(client, upstream, node_closed, &holding, &held)
-                });
-            }
+        let holding: Arc<std::sync::atomic::AtomicBool> = Arc::default();
+        let held: Arc<std::sync::Mutex<Vec<_>>> = Arc::default();
+        let (hold, keep) = (holding.clone(), held.clone());
+        let listening = Listening::start(target, move |client, upstream| {
+            let (node_closed_tx, node_closed) = std::sync::mpsc::channel();
+            let (mut down_from, mut down_to) =
+                (upstream.try_clone().unwrap(), client.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut down_from, &mut down_to);
+                let _ = down_to.shutdown(std::net::Shutdown::Both);
+                let _ = node_closed_tx.send(());
+            });
+            let (hold, keep) = (hold.clone(), keep.clone());
+            std::thread::spawn(move || {
+                hold_or_forward(client, upstream, node_closed, &hold, &keep)
+            });
         });
-        proxy
+        HoldProxy { addr: listening.addr, holding, held, _listening: listening }
     }
 
     /// From now on, bytes clients send are held back.
@@ -371,17 +374,6 @@ fn hold_or_forward(
             let _ = upstream.shutdown(std::net::Shutdown::Write);
             return;
         }
-    }
-}
-
-impl Drop for HoldProxy {
-    fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        for stream in self.streams.lock().unwrap().drain(..) {
-            let _ = stream.shutdown(std::net::Shutdown::Both);
-        }
-        // Wake the accept loop so it sees the stop flag.
-        let _ = std::net::TcpStream::connect(self.addr);
     }
 }
 
