@@ -144,11 +144,8 @@ impl Conn {
             Ok(Ok(frame)) => Ok(frame),
             Ok(Err(_)) => Err(ClientError::Disconnected),
             Err(_) => {
-                self.pending.lock().remove(&id);
+                // Still in `pending`, so the close gives it up with the others in flight.
                 tracing::warn!(id, ?timeout, "request timed out; closing the connection");
-                if !self.is_fenced() {
-                    self.numbering.give_up();
-                }
                 self.close();
                 Err(ClientError::Timeout(timeout))
             }

@@ -412,45 +412,31 @@ impl Connection {
                     version,
                     challenge,
                     client_id,
+                    session,
+                    self.fenced.clone(),
                     client_nonce,
                     &proof,
                     id,
                     &mut reply,
                 );
-                let client = match authenticated {
-                    Ok(client) => client,
+                let handshake::Authenticated { client, session, fenced } = match authenticated {
+                    Ok(authenticated) => authenticated,
                     Err(status) => {
                         self.out.extend_from_slice(&reply);
-                        return self.refuse(op, status, "wrong secret");
+                        let why = match status {
+                            Status::AuthFailed => "wrong secret",
+                            _ => "a connection below its session's fence",
+                        };
+                        return self.refuse(op, status, why);
                     }
                 };
+                self.session = session;
                 tracing::info!(
                     peer = %self.peer,
                     client = %format_args!("{client_id:032x}"),
                     %name,
                     "client authenticated"
                 );
-                let fenced = match session {
-                    None => Vec::new(),
-                    Some(session) => {
-                        let joined =
-                            self.node.sessions().join(client_id, session, self.fenced.clone());
-                        match joined {
-                            Ok((registration, fenced)) => {
-                                self.session = Some(registration);
-                                fenced
-                            }
-                            Err(stale) => {
-                                // The client gave up on this handshake long ago.
-                                self.node.clients().disconnect(client_id);
-                                let message = stale.to_string();
-                                let status = Status::NotAuthenticated;
-                                encode_error(&mut self.out, op as u8, id, status, &message);
-                                return self.refuse(op, status, &message);
-                            }
-                        }
-                    }
-                };
                 if fenced.iter().all(|gate| gate.is_idle()) {
                     self.out.extend_from_slice(&reply);
                     self.phase = Phase::Ready { client_id, client };

@@ -34,7 +34,12 @@ impl Raw {
 
     /// Connects and authenticates with `secret`.
     fn authenticated(node: &TestNode) -> Raw {
-        let mut raw = Raw::authenticating(node, None);
+        Raw::authenticated_in(node, None)
+    }
+
+    /// Connects and authenticates, as a connection of `session` if given.
+    fn authenticated_in(node: &TestNode, session: Option<Session>) -> Raw {
+        let mut raw = Raw::authenticating(node, session);
         assert!(matches!(raw.reply(Op::Auth, 0).1, Reply::Auth { .. }));
         raw
     }
@@ -468,11 +473,7 @@ fn a_first_frame_that_is_not_hello_is_not_authenticated_and_echoes_its_op() {
 fn a_fenced_connection_runs_nothing_more() {
     let node = TestNode::start();
     let session = |epoch, fence_below| Some(Session { id: 41, epoch, fence_below });
-    let authenticated = |session| {
-        let mut raw = Raw::authenticating(&node, session);
-        assert!(matches!(raw.reply(Op::Auth, 0).1, Reply::Auth { .. }));
-        raw
-    };
+    let authenticated = |session| Raw::authenticated_in(&node, session);
     let (mut old, mut outside) = (authenticated(session(1, 0)), authenticated(None));
     let pages = vec![PageRef { object: 1, index: 2 }];
     let put = |seed| Request::Put {
