@@ -310,6 +310,39 @@ impl Daemon {
         }
     }
 
+    /// Like [`Daemon::wait_for_line`], but also looks at the lines an earlier wait read
+    /// past: for a line that may come before the one an earlier wait awaited, such as a
+    /// client connecting to a socket that was listening before the daemon said so.
+    pub fn wait_for_logged<T>(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        mut find: impl FnMut(&str) -> Option<T>,
+    ) -> T {
+        let deadline = Instant::now() + timeout;
+        loop {
+            // Every line is in the log before it is sent, so the log holds every line
+            // received so far and the unread ones can be dropped once it is searched.
+            while self.unread.try_recv().is_ok() {}
+            if let Some(found) = self.log.lock().unwrap().iter().find_map(|l| find(l)) {
+                return found;
+            }
+            match self.unread.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(_) => continue,
+                Err(RecvTimeoutError::Timeout) => panic!(
+                    "{}: no {what} within {timeout:?}; its stderr so far:\n{}",
+                    self.name,
+                    self.log_so_far()
+                ),
+                Err(RecvTimeoutError::Disconnected) => panic!(
+                    "{} closed its stderr before its {what}; its stderr:\n{}",
+                    self.name,
+                    self.log_so_far()
+                ),
+            }
+        }
+    }
+
     /// Every stderr line so far.
     pub fn log_lines(&self) -> Vec<String> {
         self.log.lock().unwrap().clone()
@@ -364,5 +397,42 @@ impl TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn echoes(lines: &str) -> Daemon {
+        let script = format!("for l in {lines}; do echo $l >&2; done; sleep 30");
+        Daemon::spawn("sh", Command::new("sh").args(["-c", &script]))
+    }
+
+    #[test]
+    fn a_line_an_earlier_wait_read_past_is_found_by_wait_for_logged_only() {
+        let mut daemon = echoes("connected serving");
+        daemon
+            .wait_for_line("serving", Duration::from_secs(10), |l| (l == "serving").then_some(()));
+        daemon.wait_for_logged("connected", Duration::from_secs(10), |l| {
+            (l == "connected").then_some(())
+        });
+        let missed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            daemon.wait_for_line("connected", Duration::from_millis(200), |l| {
+                (l == "connected").then_some(())
+            })
+        }));
+        assert!(missed.is_err(), "wait_for_line looks only at lines not read yet");
+    }
+
+    #[test]
+    fn wait_for_logged_waits_for_a_line_still_to_come() {
+        let mut daemon = Daemon::spawn(
+            "sh",
+            Command::new("sh").args(["-c", "sleep 0.3; echo late >&2; sleep 30"]),
+        );
+        let began = Instant::now();
+        daemon.wait_for_logged("late", Duration::from_secs(10), |l| (l == "late").then_some(()));
+        assert!(began.elapsed() >= Duration::from_millis(250));
     }
 }
