@@ -88,6 +88,17 @@ impl Client {
     /// Connects (the first connection is opened now, so a wrong address or secret is
     /// reported here; the others open on first use).
     pub async fn connect(config: ClientConfig) -> Result<Client, ClientError> {
+        Client::connect_in(config, Arc::new(Numbering::new())).await
+    }
+
+    /// Connects as [`Client::connect`] does, numbering its connections in `numbering`'s
+    /// session: a client object made to replace another for the same node (a cluster
+    /// client adopting a node again) carries the fence of the requests the old one gave up
+    /// on, so that none of them lands after its own.
+    pub(crate) async fn connect_in(
+        config: ClientConfig,
+        numbering: Arc<Numbering>,
+    ) -> Result<Client, ClientError> {
         let slots = (0..config.connections.max(1))
             .map(|_| Slot { current: Mutex::new(None), connecting: tokio::sync::Mutex::new(()) })
             .collect();
@@ -96,7 +107,7 @@ impl Client {
             slots,
             next: AtomicUsize::new(0),
             first_node_id: OnceLock::new(),
-            numbering: Arc::new(Numbering::new()),
+            numbering,
         };
         let client = Client { inner: Arc::new(inner) };
         client.conn_at(0).await?;
@@ -106,6 +117,11 @@ impl Client {
     /// The configuration.
     pub fn config(&self) -> &ClientConfig {
         &self.inner.config
+    }
+
+    /// The session its connections are numbered in ([`Client::connect_in`]).
+    pub(crate) fn numbering(&self) -> &Arc<Numbering> {
+        &self.inner.numbering
     }
 
     /// The node's id, from the most recent handshake.
@@ -465,6 +481,42 @@ impl fallow_core::AsyncPageStore for Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fallow_proto::fallow::Session;
+
+    /// The session in the HELLO of the next connection to `listener`, which is then cut
+    /// before the handshake goes on.
+    async fn hello_session(listener: tokio::net::TcpListener) -> Option<Session> {
+        use tokio::io::AsyncReadExt;
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let mut input = bytes::BytesMut::new();
+        loop {
+            if let Some(frame) = fallow_proto::fallow::frame::decode(&mut input).unwrap() {
+                let Request::Hello(hello) = Request::parse(frame).unwrap() else {
+                    panic!("the first request is not HELLO")
+                };
+                return hello.session;
+            }
+            assert!(stream.read_buf(&mut input).await.unwrap() > 0, "closed before HELLO");
+        }
+    }
+
+    /// A client object made for a node in place of one that gave up on requests there
+    /// opens its connections in the old one's session, carrying the fence.
+    #[tokio::test]
+    async fn a_client_made_in_an_old_session_carries_its_fence() {
+        let old = Arc::new(Numbering::new());
+        let first = old.next();
+        old.give_up();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let node = tokio::spawn(hello_session(listener));
+        let config = ClientConfig::new(&addr, b"0123456789abcdef0123".to_vec()).unwrap();
+        let cut = Client::connect_in(config, old.clone()).await;
+        assert!(cut.is_err(), "the fake node never finishes the handshake");
+        let session = node.await.unwrap().expect("HELLO carries a session");
+        assert_eq!(session.id, first.id, "the same session");
+        assert_eq!((session.epoch, session.fence_below), (2, 2), "numbered on, fencing the first");
+    }
 
     /// Regression (issue #5, cluster benchmarks): destroying a pool of a few hundred
     /// thousand pages took longer than the cluster client's 250 ms request timeout, so the

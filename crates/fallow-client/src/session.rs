@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use fallow_proto::fallow::Session;
 use parking_lot::Mutex;
 
-/// The numbering of one client's connections to one node.
+/// The numbering of one client's connections to one node. A cluster client keeps it
+/// across the client objects it makes for a node it retires and adopts again
+/// ([`crate::Client::connect_in`]).
 #[derive(Debug)]
 pub(crate) struct Numbering {
     id: u64,

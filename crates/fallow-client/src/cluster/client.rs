@@ -27,6 +27,7 @@ use super::dedup::{DedupCounters, DedupStats};
 use super::summary::{Slot, Summary, SummaryStats};
 use super::view::{LogicalPool, NodeLink, View};
 use super::{ClusterClientConfig, ClusterError};
+use crate::session::Numbering;
 use crate::ClientError;
 
 /// A client of a whole cluster: pages spread over the live nodes by weighted rendezvous
@@ -63,6 +64,11 @@ pub(crate) struct Inner {
     /// partition): destroyed if the same node id is reached again, forgotten after
     /// [`ORPHANS_KEPT`] (by then the node's client lease has destroyed them).
     pub orphans: Mutex<HashMap<u128, (Instant, Vec<PoolId>)>>,
+    /// The sessions of retired nodes' connections, by member id, kept as long as
+    /// [`Inner::orphans`]: adopted again, a node is reached in the same session, so the
+    /// requests given up on before it was retired are fenced there (docs/protocol.md §3.4)
+    /// and cannot land after the ones sent once it is back.
+    pub retired_sessions: Mutex<HashMap<String, (Instant, Arc<Numbering>)>>,
     /// Writes to private persistent pools (shared) against the repair (exclusive).
     pub fence: tokio::sync::RwLock<()>,
     /// Wakes the repair (a node was retired).
@@ -154,6 +160,7 @@ impl ClusterClient {
             stop: CancellationToken::new(),
             next_pool: AtomicU32::new(0),
             orphans: Mutex::new(HashMap::new()),
+            retired_sessions: Mutex::new(HashMap::new()),
             fence: tokio::sync::RwLock::new(()),
             repair_wake: Arc::new(Notify::new()),
             put_ended: Notify::new(),

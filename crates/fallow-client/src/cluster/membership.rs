@@ -17,6 +17,7 @@ use super::client::{unreachable, Inner, ORPHANS_KEPT};
 use super::placement::node_seed;
 use super::summary::Slot;
 use super::view::{Kind, NodeEntry, NodeLink};
+use crate::session::Numbering;
 use crate::{Client, ClientError, Endpoint};
 
 /// A member as the refresh needs it.
@@ -268,8 +269,10 @@ impl Inner {
     /// Connects to a new member and creates every ephemeral pool there.
     async fn adopt(&self, member: Member) -> Result<Adopted, (String, ClientError)> {
         let failed = |err| (member.id.clone(), err);
-        let client =
-            Client::connect(self.config.node(member.endpoint.clone())).await.map_err(failed)?;
+        let session = self.retired_sessions.lock().get(&member.id).map(|(_, n)| n.clone());
+        let numbering = session.unwrap_or_else(|| Arc::new(Numbering::new()));
+        let config = self.config.node(member.endpoint.clone());
+        let client = Client::connect_in(config, numbering).await.map_err(failed)?;
         let node_id = client.node_id().await.map_err(failed)?;
         // A node this client retired, seen again with the same node id (a healed
         // partition, or a restart from its state directory after it was declared dead):
@@ -308,6 +311,8 @@ impl Inner {
         let mut summary = self.summary.lock();
         let mut orphans = self.orphans.lock();
         orphans.retain(|_, (since, _)| since.elapsed() < ORPHANS_KEPT);
+        let mut sessions = self.retired_sessions.lock();
+        sessions.retain(|_, (since, _)| since.elapsed() < ORPHANS_KEPT);
         for &slot in slots {
             let Some(at) = view.nodes.iter().position(|n| n.link.slot == slot) else { continue };
             let entry = view.nodes.remove(at);
@@ -315,6 +320,8 @@ impl Inner {
             let mut pools: Vec<PoolId> = std::mem::take(&mut *entry.link.orphans.lock());
             pools.extend(view.pools.values_mut().filter_map(|p| p.on.remove(&slot)));
             orphans.insert(entry.link.node_id, (Instant::now(), pools));
+            let numbering = entry.link.client.numbering().clone();
+            sessions.insert(entry.link.id.clone(), (Instant::now(), numbering));
             tracing::info!(node = %entry.link.id, slot, why, "node left the placement");
         }
         self.repair_wake.notify_one();
