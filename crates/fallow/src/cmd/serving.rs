@@ -48,15 +48,26 @@ pub fn read_polling(micros: u64) -> anyhow::Result<ReadPolling> {
     Ok(ReadPolling::for_window(window))
 }
 
+/// The most blocking threads a server keeps (slow node requests, file store I/O); more
+/// blocking work waits for one. Tokio's default, 512, is reached by a busy server: a
+/// blocking call that returns wakes its caller before its thread is idle again, so on
+/// busy CPUs a caller that at once starts the next (a write-back keeps 16 writes in flight)
+/// finds no idle thread and starts another; and a thread handed work at least every 10 s
+/// never retires. `fallow nbd` under two fio jobs of queue depth 8 grew to 100–240
+/// threads and kept them (BENCHMARKS.md, "Blocking threads"); capped, the same load runs
+/// as fast. 64 is four times the write-back's 16 writes in flight, with room for the
+/// reads of many clients' misses.
+pub const MAX_BLOCKING_THREADS: usize = 64;
+
 /// The multi-threaded runtime a server runs on, its threads named `name`: a worker per CPU
-/// by default, or with `cpus`, one worker pinned to each CPU of the list. Blocking threads
-/// (slow requests, file I/O) are left to the scheduler.
+/// by default, or with `cpus`, one worker pinned to each CPU of the list, and at most
+/// [`MAX_BLOCKING_THREADS`] blocking threads, left to the scheduler.
 pub fn server_runtime(
     name: &str,
     cpus: Option<&CpuList>,
 ) -> anyhow::Result<tokio::runtime::Runtime> {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
-    builder.thread_name(name).enable_all();
+    builder.thread_name(name).max_blocking_threads(MAX_BLOCKING_THREADS).enable_all();
     if let Some(cpus) = cpus {
         builder.worker_threads(cpus.cpus().len().max(1));
         let (cpus, next) = (cpus.clone(), Arc::new(AtomicUsize::new(0)));

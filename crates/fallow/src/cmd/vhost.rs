@@ -69,6 +69,7 @@ pub fn run(args: VhostArgs) -> anyhow::Result<()> {
     let tls = args.tls.policy()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .thread_name("fallow-vhost")
+        .max_blocking_threads(super::serving::MAX_BLOCKING_THREADS)
         .enable_all()
         .build()
         .context("starting the async runtime")?;

@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Threads, memory and throughput of two `fallow nbd` binaries under the same fio load.
+
+Each round starts each binary in turn (the order alternates) with a write-back and a
+write-through export over fresh files, runs one fio job of random 4 KiB reads and writes
+with crc32c verification against each export at once, and samples the server's thread
+count and RSS every second from /proc. Prints per-run figures and the medians, and the
+ratios NEW/OLD.
+
+    python3 bench/threads_ab.py OLD_BINARY NEW_BINARY [--rounds 3] [--seconds 30]
+"""
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def status(pid):
+    """(threads, RSS bytes) of a live process, from /proc/PID/status."""
+    fields = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            fields[key] = value.split()
+    return int(fields["Threads"][0]), int(fields["VmRSS"][0]) * 1024
+
+
+def wait_for_port(port, proc, timeout=20):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"the server exited ({proc.returncode}) before it listened")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    sys.exit(f"the server did not listen on {port} within {timeout} s")
+
+
+def fio(port, export, seconds, results):
+    out = subprocess.run(
+        ["fio", "--name=ab", "--thread", "--ioengine=nbd",
+         f"--uri=nbd://127.0.0.1:{port}/{export}", "--rw=randrw", "--bs=4k",
+         "--iodepth=8", "--size=256M", "--verify=crc32c", "--verify_backlog=1024",
+         "--verify_fatal=1", "--verify_state_save=0", "--time_based",
+         f"--runtime={seconds}", "--output-format=json"],
+        capture_output=True, text=True, timeout=seconds * 5 + 60)
+    job = json.loads(out.stdout[out.stdout.index("{"):])["jobs"][0]
+    results[export] = {
+        "ios": job["read"]["total_ios"] + job["write"]["total_ios"],
+        "error": job["error"] or out.returncode,
+    }
+
+
+def run(binary, seconds, work):
+    """One run of `binary`: its peak and last thread count, median and peak RSS, I/Os."""
+    images = {}
+    for export in ("wb", "wt"):
+        images[export] = os.path.join(work, f"{export}.img")
+        with open(images[export], "wb") as f:
+            f.truncate(256 << 20)
+    config = os.path.join(work, "nbd.toml")
+    with open(config, "w") as f:
+        f.write('[exports.wt]\nbacking = "file:%s"\nwrite_policy = "through"\n' % images["wt"])
+    port = free_port()
+    log = open(os.path.join(work, "nbd.log"), "w")
+    proc = subprocess.Popen(
+        [binary, "nbd", "--listen", f"127.0.0.1:{port}", "--export", f"wb=file:{images['wb']}",
+         "--pool", "local:64M", "--write-policy", "back", "--config", config],
+        stdout=log, stderr=log)
+    try:
+        wait_for_port(port, proc)
+        results = {}
+        jobs = [threading.Thread(target=fio, args=(port, e, seconds, results))
+                for e in ("wb", "wt")]
+        for j in jobs:
+            j.start()
+        samples = []
+        while any(j.is_alive() for j in jobs):
+            samples.append(status(proc.pid))
+            time.sleep(1)
+        for j in jobs:
+            j.join()
+        if any(r["error"] for r in results.values()):
+            sys.exit(f"fio failed against {binary}: {results}")
+        rss = [r for _, r in samples]
+        return {
+            "threads_peak": max(t for t, _ in samples),
+            "threads_last": samples[-1][0],
+            "rss_median": statistics.median(rss),
+            "rss_peak": max(rss),
+            "ios": sum(r["ios"] for r in results.values()),
+        }
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        for path in images.values():
+            os.remove(path)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("old")
+    p.add_argument("new")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--seconds", type=int, default=30)
+    args = p.parse_args()
+    work = tempfile.mkdtemp(prefix="fallow-threads-ab-")
+    runs = {"old": [], "new": []}
+    try:
+        for r in range(args.rounds):
+            order = ["old", "new"] if r % 2 == 0 else ["new", "old"]
+            for which in order:
+                result = run(os.path.abspath(getattr(args, which)), args.seconds, work)
+                runs[which].append(result)
+                print(f"round {r} {which}: threads peak {result['threads_peak']} last "
+                      f"{result['threads_last']}, RSS median {result['rss_median'] / 2**20:.1f} "
+                      f"MiB peak {result['rss_peak'] / 2**20:.1f} MiB, {result['ios']:,} I/Os",
+                      flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print("\n| figure | OLD median | NEW median | NEW/OLD |\n|---|---:|---:|---:|")
+    for key, unit in [("threads_peak", 1), ("threads_last", 1), ("rss_median", 2**20),
+                      ("rss_peak", 2**20), ("ios", 1)]:
+        old = statistics.median(x[key] for x in runs["old"]) / unit
+        new = statistics.median(x[key] for x in runs["new"]) / unit
+        print(f"| {key} | {old:,.1f} | {new:,.1f} | {new / old:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
