@@ -56,8 +56,9 @@ pub fn save_state(node: &Node, dir: &Path) -> io::Result<()> {
 /// restores the state file's pools and clients, then puts back the pages of `journal`
 /// (the last run's journals, set aside by `fallow_pool::journal::recover`) and removes
 /// them. `None` when the directory holds neither. A state file that does not hold is an
-/// error, with every pool it restored destroyed again; the journal is left for the next
-/// try.
+/// error, and so is a journal that had stopped (its shard's persistent pages are lost):
+/// every pool restored is destroyed again and the journal removed, for the caller to
+/// start empty under a new node id.
 pub fn recover(
     dir: &Path,
     engine: &Engine,
@@ -66,16 +67,35 @@ pub fn recover(
     let started = Instant::now();
     let clients = Clients::default();
     let mut pools = Vec::new();
-    let node_id = match read_state_file(dir, engine, &clients, &mut pools) {
-        Ok(Some(id)) => Some(id),
-        Ok(None) => None,
-        Err(err) => {
-            for pool in pools {
-                let _ = engine.destroy_pool(pool);
+    let undo = |pools: Vec<_>, journal: Option<Recovered>| {
+        for pool in pools {
+            let _ = engine.destroy_pool(pool);
+        }
+        // The caller starts empty, under a new id, and journals that run's pages anew: a
+        // journal left behind would be replayed in their place at the next start, into
+        // pools whose ids the new run has given to its own.
+        if let Some(journal) = journal {
+            if let Err(err) = journal.discard() {
+                tracing::error!(%err, "could not remove the journal of the run before");
             }
+        }
+    };
+    let node_id = match read_state_file(dir, engine, &clients, &mut pools) {
+        Ok(id) => id,
+        Err(err) => {
+            undo(pools, journal);
             return Err(err);
         }
     };
+    let stopped = journal.as_ref().map_or(0, |j| j.report().stopped);
+    if node_id.is_some() && stopped > 0 {
+        undo(pools, journal);
+        return Err(io::Error::other(format!(
+            "the journal of {stopped} shard(s) had stopped after a failed write (a full state \
+             directory), so some persistent pages did not survive the crash; coming back \
+             under the same node id would tell clients the node still holds them"
+        )));
+    }
     let Some(node_id) = node_id else {
         if let Some(journal) = journal {
             let pages = journal.report().pages;

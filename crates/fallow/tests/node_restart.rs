@@ -174,7 +174,50 @@ fn a_damaged_snapshot_falls_back_to_the_journal_and_a_damaged_state_file_starts_
     let log = node.log_so_far();
     assert!(log.contains("starting empty"), "{log}");
     let c = client(&listen);
-    assert_ne!(c.block_on(c.client().node_id()).unwrap(), id);
+    let new_id = c.block_on(c.client().node_id()).unwrap();
+    assert_ne!(new_id, id);
     assert!(matches!(hits(&listen, per, 10), Err(ClientError::UnknownPool(_))));
+    drop(c);
+    crash_keeps_the_new_runs_pages(dir.path(), &listen, &mut node, new_id);
+    stop(&mut node);
+}
+
+/// After a start that dropped what the last run left, the pages of this run survive its
+/// crash under its own ids: the old journal was not left to be replayed in their place
+/// (its pools' ids are this run's pools' ids too, since ids start again from 0).
+fn crash_keeps_the_new_runs_pages(dir: &Path, listen: &str, node: &mut Daemon, id: u128) {
+    let (_, per, filled_id) = fill(listen);
+    assert_eq!(filled_id, id);
+    node.kill();
+    *node = start(dir, listen);
+    let log = node.log_so_far();
+    assert!(log.contains("restored the state and the journaled persistent pages"), "{log}");
+    let c = client(listen);
+    assert_eq!(c.block_on(c.client().node_id()).unwrap(), id, "{log}");
+    assert_eq!(hits(listen, per, 500).unwrap(), 500, "{log}");
+}
+
+/// A journal that stopped after a failed write (a full state directory) was emptied, so a
+/// crash loses that shard's persistent pages. Coming back under the same node id would
+/// tell the node's clients it holds them; it starts empty under a new id instead, and a
+/// cluster client re-creates the copies elsewhere.
+#[test]
+fn a_crash_after_a_journal_stopped_starts_empty_under_a_new_id() {
+    let dir = TempDir::new("node-warm-stopped");
+    let listen = format!("127.0.0.1:{}", support::free_port());
+    let mut node = start(dir.path(), &listen);
+    let (_, per, id) = fill(&listen);
+    node.kill();
+    // What a stopped journal leaves: its file emptied (`fallow_pool::journal`).
+    std::fs::write(dir.path().join("state/journal/shard-0000"), b"").unwrap();
+    let mut node = start(dir.path(), &listen);
+    let log = node.log_so_far();
+    assert!(log.contains("had stopped") && log.contains("starting empty"), "{log}");
+    let c = client(&listen);
+    let new_id = c.block_on(c.client().node_id()).unwrap();
+    assert_ne!(new_id, id, "{log}");
+    assert!(matches!(hits(&listen, per, 10), Err(ClientError::UnknownPool(_))));
+    drop(c);
+    crash_keeps_the_new_runs_pages(dir.path(), &listen, &mut node, new_id);
     stop(&mut node);
 }

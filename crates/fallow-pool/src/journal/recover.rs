@@ -48,6 +48,9 @@ pub struct RecoveryReport {
     pub torn: usize,
     /// Files that are not journals (another magic): left out.
     pub foreign: usize,
+    /// Files emptied when their journal stopped after a failed write (a full state
+    /// directory): the persistent pages of their shard are lost.
+    pub stopped: usize,
     /// Pages left to put again.
     pub pages: usize,
     /// Bytes read.
@@ -134,7 +137,10 @@ pub fn recover(state: &Path) -> io::Result<Option<Recovered>> {
         report.files += 1;
         report.bytes += map.len() as u64;
         if map.is_empty() {
-            continue; // a journal emptied after a failed append
+            // Every journal starts with its header; only a journal that stopped after a
+            // failed append is emptied (`Journal::stop`).
+            report.stopped += 1;
+            continue;
         }
         if map.len() < FILE_HEADER || &map[..MAGIC.len()] != MAGIC {
             tracing::warn!(file = %path.display(), "not a journal file; left out");
@@ -334,9 +340,12 @@ mod tests {
         std::fs::write(journal_dir(&state).join("shard-0000"), &bytes).unwrap();
         std::fs::write(journal_dir(&state).join("shard-0001"), b"something else").unwrap();
         std::fs::write(journal_dir(&state).join("shard-0002.compacting"), b"half").unwrap();
+        // Emptied when it stopped after a failed write.
+        std::fs::write(journal_dir(&state).join("shard-0003"), b"").unwrap();
         let first = recover(&state).unwrap().unwrap();
         assert!(!journal_dir(&state).exists() && replay_dir(&state).exists());
-        assert_eq!((first.report().files, first.report().foreign, first.report().pages), (2, 1, 2));
+        let r = first.report();
+        assert_eq!((r.files, r.foreign, r.stopped, r.pages), (3, 1, 1, 2));
         drop(first);
         // The start that read them died before finishing: its new journal is dropped and
         // the same files are read again.
