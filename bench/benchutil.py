@@ -24,6 +24,16 @@ def port_open(port):
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def fio_verify_job(name, uri, seconds):
+    """fio job `name` against NBD `uri` for `seconds`: random 4 KiB reads and writes at QD 8 over
+    256 MiB, every block written read back and checked (crc32c) within 1,024 writes, JSON
+    out. The load of the soak and of the threads A/B."""
+    return ["fio", f"--name={name}", "--thread", "--ioengine=nbd", f"--uri={uri}",
+            "--rw=randrw", "--bs=4k", "--iodepth=8", "--size=256M", "--verify=crc32c",
+            "--verify_backlog=1024", "--verify_fatal=1", "--verify_state_save=0",
+            "--time_based", f"--runtime={seconds}", "--output-format=json"]
+
+
 def git_commit():
     """The short hash of the checkout's HEAD."""
     out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,

@@ -46,7 +46,7 @@ import tempfile
 import threading
 import time
 
-from benchutil import Procs, free_port, git_commit, version, write_section
+from benchutil import Procs, fio_verify_job, free_port, git_commit, version, write_section
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARKER = "soak"
@@ -112,11 +112,7 @@ def fio_loop(args, work, export, port, stop, tally, lock):
     while not stop.is_set():
         n += 1
         out = subprocess.run(
-            ["fio", "--name=soak", "--thread", "--ioengine=nbd",
-             f"--uri=nbd://127.0.0.1:{port}/{export}", "--rw=randrw", "--bs=4k",
-             "--iodepth=8", "--size=256M", "--verify=crc32c", "--verify_backlog=1024",
-             "--verify_fatal=1", "--verify_state_save=0", "--time_based",
-             f"--runtime={args.fio_seconds}", "--output-format=json"],
+            fio_verify_job("soak", f"nbd://127.0.0.1:{port}/{export}", args.fio_seconds),
             capture_output=True, text=True, timeout=args.fio_seconds * 5 + 120)
         verify = len([l for l in out.stderr.splitlines()
                       if "verify" in l.lower() and ("fail" in l or "bad" in l)])

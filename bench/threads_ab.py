@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -22,11 +21,7 @@ import tempfile
 import threading
 import time
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from benchutil import Procs, fio_verify_job, free_port
 
 
 def status(pid):
@@ -39,32 +34,15 @@ def status(pid):
     return int(fields["Threads"][0]), int(fields["VmRSS"][0]) * 1024
 
 
-def wait_for_port(port, proc, timeout=20):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"the server exited ({proc.returncode}) before it listened")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    sys.exit(f"the server did not listen on {port} within {timeout} s")
-
-
 def fio(port, export, seconds, results):
-    out = subprocess.run(
-        ["fio", "--name=ab", "--thread", "--ioengine=nbd",
-         f"--uri=nbd://127.0.0.1:{port}/{export}", "--rw=randrw", "--bs=4k",
-         "--iodepth=8", "--size=256M", "--verify=crc32c", "--verify_backlog=1024",
-         "--verify_fatal=1", "--verify_state_save=0", "--time_based",
-         f"--runtime={seconds}", "--output-format=json"],
-        capture_output=True, text=True, timeout=seconds * 5 + 60)
-    job = json.loads(out.stdout[out.stdout.index("{"):])["jobs"][0]
-    results[export] = {
-        "ios": job["read"]["total_ios"] + job["write"]["total_ios"],
-        "error": job["error"] or out.returncode,
-    }
+    out = subprocess.run(fio_verify_job("ab", f"nbd://127.0.0.1:{port}/{export}", seconds),
+                         capture_output=True, text=True, timeout=seconds * 5 + 60)
+    try:
+        job = json.loads(out.stdout[out.stdout.index("{"):])["jobs"][0]
+        results[export] = {"ios": job["read"]["total_ios"] + job["write"]["total_ios"],
+                           "error": job["error"] or out.returncode}
+    except (ValueError, KeyError, IndexError):
+        results[export] = {"ios": 0, "error": out.stderr[-500:] or "no JSON from fio"}
 
 
 def run(binary, seconds, work):
@@ -78,13 +56,12 @@ def run(binary, seconds, work):
     with open(config, "w") as f:
         f.write('[exports.wt]\nbacking = "file:%s"\nwrite_policy = "through"\n' % images["wt"])
     port = free_port()
-    log = open(os.path.join(work, "nbd.log"), "w")
-    proc = subprocess.Popen(
-        [binary, "nbd", "--listen", f"127.0.0.1:{port}", "--export", f"wb=file:{images['wb']}",
-         "--pool", "local:64M", "--write-policy", "back", "--config", config],
-        stdout=log, stderr=log)
+    procs = Procs(work)
     try:
-        wait_for_port(port, proc)
+        server = procs.start("nbd", [
+            binary, "nbd", "--listen", f"127.0.0.1:{port}",
+            "--export", f"wb=file:{images['wb']}", "--pool", "local:64M",
+            "--write-policy", "back", "--config", config], port=port)
         results = {}
         jobs = [threading.Thread(target=fio, args=(port, e, seconds, results))
                 for e in ("wb", "wt")]
@@ -92,7 +69,7 @@ def run(binary, seconds, work):
             j.start()
         samples = []
         while any(j.is_alive() for j in jobs):
-            samples.append(status(proc.pid))
+            samples.append(status(server.pid))
             time.sleep(1)
         for j in jobs:
             j.join()
@@ -107,13 +84,7 @@ def run(binary, seconds, work):
             "ios": sum(r["ios"] for r in results.values()),
         }
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+        procs.stop_all()
         for path in images.values():
             os.remove(path)
 

@@ -285,27 +285,9 @@ impl Daemon {
     ) -> T {
         let deadline = Instant::now() + timeout;
         loop {
-            match self.unread.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                Ok(line) => {
-                    if let Some(found) = find(&line) {
-                        return found;
-                    }
-                }
-                Err(RecvTimeoutError::Timeout) => panic!(
-                    "{}: no {what} within {timeout:?}; its stderr so far:\n{}",
-                    self.name,
-                    self.log_so_far()
-                ),
-                Err(RecvTimeoutError::Disconnected) => {
-                    let status = self.process.wait_until(deadline);
-                    panic!(
-                        "{} exited ({}) before its {what}; its stderr:\n{}",
-                        self.name,
-                        status
-                            .map_or("still running, stderr closed".to_string(), |s| s.to_string()),
-                        self.log_so_far()
-                    )
-                }
+            let line = self.next_line(what, timeout, deadline);
+            if let Some(found) = find(&line) {
+                return found;
             }
         }
     }
@@ -327,18 +309,27 @@ impl Daemon {
             if let Some(found) = self.log.lock().unwrap().iter().find_map(|l| find(l)) {
                 return found;
             }
-            match self.unread.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                Ok(_) => continue,
-                Err(RecvTimeoutError::Timeout) => panic!(
-                    "{}: no {what} within {timeout:?}; its stderr so far:\n{}",
+            self.next_line(what, timeout, deadline);
+        }
+    }
+
+    /// The next stderr line not read yet; panics as [`Daemon::wait_for_line`] describes.
+    fn next_line(&mut self, what: &str, timeout: Duration, deadline: Instant) -> String {
+        match self.unread.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) => line,
+            Err(RecvTimeoutError::Timeout) => panic!(
+                "{}: no {what} within {timeout:?}; its stderr so far:\n{}",
+                self.name,
+                self.log_so_far()
+            ),
+            Err(RecvTimeoutError::Disconnected) => {
+                let status = self.process.wait_until(deadline);
+                panic!(
+                    "{} exited ({}) before its {what}; its stderr:\n{}",
                     self.name,
+                    status.map_or("still running, stderr closed".to_string(), |s| s.to_string()),
                     self.log_so_far()
-                ),
-                Err(RecvTimeoutError::Disconnected) => panic!(
-                    "{} closed its stderr before its {what}; its stderr:\n{}",
-                    self.name,
-                    self.log_so_far()
-                ),
+                )
             }
         }
     }
