@@ -72,8 +72,8 @@ pub fn recover(
             let _ = engine.destroy_pool(pool);
         }
         // The caller starts empty, under a new id, and journals that run's pages anew: a
-        // journal left behind would be replayed in their place at the next start, into
-        // pools whose ids the new run has given to its own.
+        // journal left behind would be replayed in place of that run's at the next start
+        // (`fallow_pool::journal::recover` prefers an unfinished replay), losing its pages.
         if let Some(journal) = journal {
             if let Err(err) = journal.discard() {
                 tracing::error!(%err, "could not remove the journal of the run before");

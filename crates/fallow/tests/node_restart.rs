@@ -183,8 +183,8 @@ fn a_damaged_snapshot_falls_back_to_the_journal_and_a_damaged_state_file_starts_
 }
 
 /// After a start that dropped what the last run left, the pages of this run survive its
-/// crash under its own ids: the old journal was not left to be replayed in their place
-/// (its pools' ids are this run's pools' ids too, since ids start again from 0).
+/// crash under its own ids: the old journal was not left to be replayed in place of this
+/// run's.
 fn crash_keeps_the_new_runs_pages(dir: &Path, listen: &str, node: &mut Daemon, id: u128) {
     let (_, per, filled_id) = fill(listen);
     assert_eq!(filled_id, id);
