@@ -34,6 +34,22 @@ def fio_verify_job(name, uri, seconds):
             "--time_based", f"--runtime={seconds}", "--output-format=json"]
 
 
+def wb_wt_exports(work, size=256 << 20):
+    """Two exports of `fallow nbd` over fresh sparse files of `size` bytes in `work`: `wb`,
+    write-back, from the flags, and `wt`, write-through, in a config file section of its
+    own. Returns the files by export name and the arguments that serve them."""
+    images = {}
+    for export in ("wb", "wt"):
+        images[export] = os.path.join(work, f"{export}.img")
+        with open(images[export], "wb") as f:
+            f.truncate(size)
+    config = os.path.join(work, "nbd.toml")
+    with open(config, "w") as f:
+        f.write('[exports.wt]\nbacking = "file:%s"\nwrite_policy = "through"\n' % images["wt"])
+    return images, ["--export", f"wb=file:{images['wb']}", "--write-policy", "back",
+                    "--config", config]
+
+
 def git_commit():
     """The short hash of the checkout's HEAD."""
     out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,

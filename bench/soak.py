@@ -46,7 +46,8 @@ import tempfile
 import threading
 import time
 
-from benchutil import Procs, fio_verify_job, free_port, git_commit, version, write_section
+from benchutil import (Procs, fio_verify_job, free_port, git_commit, version, wb_wt_exports,
+                       write_section)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARKER = "soak"
@@ -280,18 +281,12 @@ def main():
         for i in range(3):
             cluster.start(i)
         time.sleep(3)  # gossip settles
-        images = {}
-        for export in ("wb", "wt"):
-            images[export] = os.path.join(work, f"{export}.img")
-            with open(images[export], "wb") as f:
-                f.truncate(256 << 20)
+        _, exports = wb_wt_exports(work)
         nbd_port = free_port()
         nbd = procs.start("nbd", [
-            args.fallow, "nbd", "--listen", f"127.0.0.1:{nbd_port}",
-            "--export", f"wb=file:{images['wb']}",
+            args.fallow, "nbd", "--listen", f"127.0.0.1:{nbd_port}", *exports,
             "--pool", cluster.uri(), "--secret-file", os.path.join(work, "secret"),
-            "--local-tier", "32M", "--write-policy", "back",
-            "--config", write_nbd_config(work, images)], port=nbd_port)
+            "--local-tier", "32M"], port=nbd_port)
         for export in ("wb", "wt"):
             threads.append(threading.Thread(
                 target=fio_loop, args=(args, work, export, nbd_port, stop, tally, lock),
@@ -354,15 +349,6 @@ def main():
            + tally["pages"]["wrong"] + tally["pages"]["errors"] + tally["pages"]["failed_runs"]
            + sum(not (v["rss_ok"] and v["fds_ok"]) for v in verdicts.values()))
     sys.exit(1 if bad else 0)
-
-
-def write_nbd_config(work, images):
-    """`wt`, write-through, in a config file section of its own (the flags give `wb` and
-    the defaults, write-back among them)."""
-    path = os.path.join(work, "nbd.toml")
-    with open(path, "w") as f:
-        f.write('[exports.wt]\nbacking = "file:%s"\nwrite_policy = "through"\n' % images["wt"])
-    return path
 
 
 if __name__ == "__main__":

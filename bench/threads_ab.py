@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 
-from benchutil import Procs, fio_verify_job, free_port
+from benchutil import Procs, fio_verify_job, free_port, wb_wt_exports
 
 
 def status(pid):
@@ -47,21 +47,12 @@ def fio(port, export, seconds, results):
 
 def run(binary, seconds, work):
     """One run of `binary`: its peak and last thread count, median and peak RSS, I/Os."""
-    images = {}
-    for export in ("wb", "wt"):
-        images[export] = os.path.join(work, f"{export}.img")
-        with open(images[export], "wb") as f:
-            f.truncate(256 << 20)
-    config = os.path.join(work, "nbd.toml")
-    with open(config, "w") as f:
-        f.write('[exports.wt]\nbacking = "file:%s"\nwrite_policy = "through"\n' % images["wt"])
+    images, exports = wb_wt_exports(work)
     port = free_port()
     procs = Procs(work)
     try:
-        server = procs.start("nbd", [
-            binary, "nbd", "--listen", f"127.0.0.1:{port}",
-            "--export", f"wb=file:{images['wb']}", "--pool", "local:64M",
-            "--write-policy", "back", "--config", config], port=port)
+        server = procs.start("nbd", [binary, "nbd", "--listen", f"127.0.0.1:{port}", *exports,
+                                     "--pool", "local:64M"], port=port)
         results = {}
         jobs = [threading.Thread(target=fio, args=(port, e, seconds, results))
                 for e in ("wb", "wt")]

@@ -178,17 +178,26 @@ async fn many_requests_in_flight_on_few_connections() {
     }
 }
 
+/// A client through the proxy at `proxy` with request timeout `timeout`, and a key of a
+/// persistent pool that holds `page(seed)`.
+fn through_proxy(
+    proxy: std::net::SocketAddr,
+    timeout: Duration,
+    seed: u64,
+) -> (BlockingClient, PageKey) {
+    let config = ClientConfig::new(&proxy.to_string(), SECRET.to_vec()).unwrap().timeout(timeout);
+    let client = BlockingClient::connect(config).unwrap();
+    let pool = client.create_pool(&PoolSpec::persistent()).unwrap();
+    let key = PageKey::new(pool, 1, 2);
+    assert_eq!(client.put(key, &page(seed)).unwrap(), PutOutcome::Stored);
+    (client, key)
+}
+
 #[test]
 fn a_cut_connection_is_reopened_and_finds_the_same_pools() {
     let node = TestNode::start();
     let proxy = CutProxy::start(node.addr);
-    let config = ClientConfig::new(&proxy.addr.to_string(), SECRET.to_vec())
-        .unwrap()
-        .timeout(Duration::from_secs(5));
-    let client = BlockingClient::connect(config).unwrap();
-    let pool = client.create_pool(&PoolSpec::persistent()).unwrap();
-    let key = PageKey::new(pool, 1, 2);
-    assert_eq!(client.put(key, &page(12)).unwrap(), PutOutcome::Stored);
+    let (client, key) = through_proxy(proxy.addr, Duration::from_secs(5), 12);
     proxy.cut();
     // The next request finds the connection dead, reconnects (same client id), and the
     // private pool is still there.
@@ -205,13 +214,7 @@ fn a_cut_connection_is_reopened_and_finds_the_same_pools() {
 fn a_put_given_up_on_never_overwrites_a_later_put() {
     let node = TestNode::start();
     let proxy = HoldProxy::start(node.addr);
-    let config = ClientConfig::new(&proxy.addr.to_string(), SECRET.to_vec())
-        .unwrap()
-        .timeout(Duration::from_millis(300));
-    let client = BlockingClient::connect(config).unwrap();
-    let pool = client.create_pool(&PoolSpec::persistent()).unwrap();
-    let key = PageKey::new(pool, 1, 2);
-    assert_eq!(client.put(key, &page(1)).unwrap(), PutOutcome::Stored);
+    let (client, key) = through_proxy(proxy.addr, Duration::from_millis(300), 1);
     proxy.hold();
     let err = client.put(key, &page(2)).unwrap_err();
     assert!(matches!(err, StoreError::Unavailable(_)), "the held put times out: {err:?}");

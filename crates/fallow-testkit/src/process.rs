@@ -294,7 +294,8 @@ impl Daemon {
 
     /// Like [`Daemon::wait_for_line`], but also looks at the lines an earlier wait read
     /// past: for a line that may come before the one an earlier wait awaited, such as a
-    /// client connecting to a socket that was listening before the daemon said so.
+    /// client connecting to a socket that was listening before the daemon said so. Every
+    /// line so far counts as read once it returns.
     pub fn wait_for_logged<T>(
         &mut self,
         what: &str,
@@ -396,7 +397,8 @@ mod tests {
     use super::*;
 
     fn echoes(lines: &str) -> Daemon {
-        let script = format!("for l in {lines}; do echo $l >&2; done; sleep 30");
+        // `exec`, so that the PID killed on drop is the sleep's.
+        let script = format!("for l in {lines}; do echo $l >&2; done; exec sleep 30");
         Daemon::spawn("sh", Command::new("sh").args(["-c", &script]))
     }
 
@@ -420,7 +422,7 @@ mod tests {
     fn wait_for_logged_waits_for_a_line_still_to_come() {
         let mut daemon = Daemon::spawn(
             "sh",
-            Command::new("sh").args(["-c", "sleep 0.3; echo late >&2; sleep 30"]),
+            Command::new("sh").args(["-c", "sleep 0.3; echo late >&2; exec sleep 30"]),
         );
         let began = Instant::now();
         daemon.wait_for_logged("late", Duration::from_secs(10), |l| (l == "late").then_some(()));
